@@ -1,0 +1,120 @@
+package core
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Header names the relay sets on every published message, in addition to the
+// event's own headers. Consumers deduplicate on HeaderEventID.
+const (
+	HeaderEventID       = "event_id"
+	HeaderAggregateType = "aggregate_type"
+	HeaderAggregateID   = "aggregate_id"
+	HeaderEventType     = "event_type"
+)
+
+// ErrInvalidEvent is wrapped by every error that rejects an event before it is
+// written, so that callers can tell bad input from a database failure.
+var ErrInvalidEvent = errors.New("txoutbox: invalid event")
+
+// Event is one row of the outbox.
+//
+// Producers fill EventType, Payload and usually AggregateType, AggregateID and
+// Headers; Prepare fills the rest. The store owns Seq, CreatedAt and the
+// delivery bookkeeping (PublishedAt, AttemptCount, LastError, NextAttemptAt,
+// DeadAt).
+type Event struct {
+	// Seq is the store's position of the event (a BIGSERIAL on PostgreSQL).
+	// It orders events and identifies the row to the relay.
+	Seq int64
+	// ID is the event's globally unique identity and idempotency key: a UUID
+	// (version 7 unless the producer set one). It travels as HeaderEventID.
+	ID string
+	// AggregateType names the kind of entity the event is about ("order").
+	AggregateType string
+	// AggregateID identifies the entity. It is the Kafka message key and the
+	// unit of ordering.
+	AggregateID string
+	// EventType names what happened ("order.created"). It is the default topic.
+	EventType string
+	// Payload is the event body; it must be valid JSON.
+	Payload json.RawMessage
+	// Headers travel with the message (AMQP headers, Kafka headers, SNS
+	// message attributes). Keys that collide with the Header* constants are
+	// overwritten by the relay.
+	Headers map[string]string
+	// CreatedAt is when the event was written (the database's clock).
+	CreatedAt time.Time
+	// PublishedAt is set once the broker accepted the event.
+	PublishedAt *time.Time
+	// AttemptCount counts publish attempts so far.
+	AttemptCount int
+	// LastError is the error of the latest failed attempt.
+	LastError string
+	// NextAttemptAt is the earliest time the relay may try the event again.
+	NextAttemptAt time.Time
+	// DeadAt is set when the event exhausted its attempts. Dead events are
+	// kept and can be re-queued; the relay no longer claims them.
+	DeadAt *time.Time
+}
+
+// Prepare validates e and fills defaults before it is written: a UUIDv7 ID
+// when none is set, and the JSON null payload when the payload is empty.
+// Adapters call it in Enqueue; it returns an error wrapping ErrInvalidEvent.
+func (e *Event) Prepare() error {
+	if e.EventType == "" {
+		return fmt.Errorf("%w: EventType is empty", ErrInvalidEvent)
+	}
+	if e.ID == "" {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("txoutbox: generate event id: %w", err)
+		}
+		e.ID = id.String()
+	} else if _, err := uuid.Parse(e.ID); err != nil {
+		return fmt.Errorf("%w: ID %q is not a UUID", ErrInvalidEvent, e.ID)
+	}
+	if len(e.Payload) == 0 {
+		e.Payload = json.RawMessage("null")
+	} else if !json.Valid(e.Payload) {
+		return fmt.Errorf("%w: payload of %s event %s is not valid JSON", ErrInvalidEvent, e.EventType, e.ID)
+	}
+	return nil
+}
+
+// NewEvent builds an event whose payload is v marshalled to JSON.
+func NewEvent(aggregateType, aggregateID, eventType string, v any) (Event, error) {
+	payload, err := json.Marshal(v)
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: marshal payload of %s: %w", ErrInvalidEvent, eventType, err)
+	}
+	return Event{
+		AggregateType: aggregateType,
+		AggregateID:   aggregateID,
+		EventType:     eventType,
+		Payload:       payload,
+	}, nil
+}
+
+// MessageHeaders returns the headers to publish with e: its own headers plus
+// the Header* identity headers, which always win.
+func (e *Event) MessageHeaders() map[string]string {
+	h := make(map[string]string, len(e.Headers)+4)
+	for k, v := range e.Headers {
+		h[k] = v
+	}
+	h[HeaderEventID] = e.ID
+	h[HeaderEventType] = e.EventType
+	if e.AggregateType != "" {
+		h[HeaderAggregateType] = e.AggregateType
+	}
+	if e.AggregateID != "" {
+		h[HeaderAggregateID] = e.AggregateID
+	}
+	return h
+}

@@ -1,0 +1,319 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrInvalidOptions is wrapped by errors that reject a configuration.
+var ErrInvalidOptions = errors.New("txoutbox: invalid options")
+
+// RelayOptions configures a Relay. Zero fields take their defaults.
+type RelayOptions struct {
+	// BatchSize is how many events one claim takes. Default 100.
+	BatchSize int
+	// PollInterval is how long an idle worker waits before claiming again
+	// when nothing woke it. Default 1s.
+	PollInterval time.Duration
+	// Concurrency is the number of workers, each with its own claim.
+	// Default 1; capped by a store that implements ConcurrencyLimiter.
+	Concurrency int
+	// Retry decides backoff and dead-lettering.
+	Retry RetryPolicy
+	// ShutdownTimeout bounds how long a batch in flight may take to finish
+	// after Run's context is cancelled. Default 10s. A batch cut off by it
+	// is released unmarked and published again later.
+	ShutdownTimeout time.Duration
+	// MaxErrorLength bounds the stored LastError. Default 2000 bytes.
+	MaxErrorLength int
+	// Logger receives the relay's structured logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o RelayOptions) withDefaults() (RelayOptions, error) {
+	if o.BatchSize < 0 || o.PollInterval < 0 || o.Concurrency < 0 || o.ShutdownTimeout < 0 || o.MaxErrorLength < 0 {
+		return o, fmt.Errorf("%w: negative BatchSize, PollInterval, Concurrency, ShutdownTimeout or MaxErrorLength", ErrInvalidOptions)
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = 100
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = time.Second
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 1
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = 10 * time.Second
+	}
+	if o.MaxErrorLength == 0 {
+		o.MaxErrorLength = 2000
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	o.Retry = o.Retry.withDefaults()
+	return o, nil
+}
+
+// RelayCounters are running totals of a Relay, for logs and tests.
+type RelayCounters struct {
+	Batches      int64 // claims that returned at least one event
+	Published    int64 // events the broker accepted
+	Failed       int64 // failed attempts, dead-lettering ones included
+	DeadLettered int64 // events that exhausted their attempts
+	Released     int64 // events given back unmarked (shutdown cut a batch off)
+}
+
+// BatchResult describes one claimed and processed batch.
+type BatchResult struct {
+	Claimed      int
+	Published    int
+	Failed       int
+	DeadLettered int
+}
+
+// Relay moves events from a Store to a Publisher: it claims due events in
+// batches, publishes them and records each event's outcome.
+//
+// A failed publish never fails its batch: the event is retried after a
+// backoff with jitter, and dead-lettered after RetryPolicy.MaxAttempts.
+type Relay struct {
+	store Store
+	pub   Publisher
+	opts  RelayOptions
+	log   *slog.Logger
+	wake  chan struct{}
+
+	batches, published, failed, dead, released atomic.Int64
+}
+
+// NewRelay returns a relay from store to pub.
+func NewRelay(store Store, pub Publisher, opts RelayOptions) (*Relay, error) {
+	if store == nil || pub == nil {
+		return nil, fmt.Errorf("%w: NewRelay needs a Store and a Publisher", ErrInvalidOptions)
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if l, ok := store.(ConcurrencyLimiter); ok && o.Concurrency > l.MaxConcurrency() {
+		o.Logger.Info("txoutbox: relay concurrency capped by store", "asked", o.Concurrency, "max", l.MaxConcurrency())
+		o.Concurrency = l.MaxConcurrency()
+	}
+	return &Relay{store: store, pub: pub, opts: o, log: o.Logger, wake: make(chan struct{}, 1)}, nil
+}
+
+// Options returns the relay's options with defaults applied.
+func (r *Relay) Options() RelayOptions { return r.opts }
+
+// Notify wakes an idle worker at once instead of at the next poll. It never
+// blocks, and calls that come faster than the relay claims are coalesced.
+// Producers call it (through an adapter's Notifier option) when they enqueue;
+// if the producer's transaction has not committed yet when the worker claims,
+// the worker looks again a few times within milliseconds before it goes
+// back to polling.
+func (r *Relay) Notify() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Counters returns the running totals.
+func (r *Relay) Counters() RelayCounters {
+	return RelayCounters{
+		Batches:      r.batches.Load(),
+		Published:    r.published.Load(),
+		Failed:       r.failed.Load(),
+		DeadLettered: r.dead.Load(),
+		Released:     r.released.Load(),
+	}
+}
+
+// Run runs the workers until ctx is cancelled, then lets batches in flight
+// finish (within ShutdownTimeout) and returns nil. Store errors are logged
+// and retried; Run does not return because of them.
+func (r *Relay) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for i := range r.opts.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.work(ctx, r.log.With("worker", i))
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// wakeGrace are the waits after a Notify whose claim found nothing: the
+// notifying transaction is usually a fraction of a millisecond from commit.
+var wakeGrace = []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond}
+
+func (r *Relay) work(ctx context.Context, log *slog.Logger) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	errWait := time.Duration(0)
+	grace := len(wakeGrace) // no grace until woken
+	for {
+		res, err := r.ProcessBatch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		var wait time.Duration
+		switch {
+		case err != nil:
+			errWait = min(max(2*errWait, 100*time.Millisecond), 5*time.Second, r.opts.PollInterval)
+			wait = errWait
+			log.Error("txoutbox: relay batch failed", "error", err, "retry_in", wait)
+		case res.Claimed == r.opts.BatchSize:
+			errWait = 0
+			continue // a full batch: more is probably waiting
+		case res.Claimed > 0:
+			errWait = 0
+			grace = len(wakeGrace)
+			wait = r.opts.PollInterval
+		case grace < len(wakeGrace):
+			wait = wakeGrace[grace]
+			grace++
+		default:
+			errWait = 0
+			wait = r.opts.PollInterval
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+			grace = 0
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// ProcessBatch claims one batch, publishes it and records the outcome. It is
+// what each worker of Run does in a loop; tests and tools call it directly.
+// If ctx is cancelled after the claim, the batch still finishes within
+// ShutdownTimeout.
+func (r *Relay) ProcessBatch(ctx context.Context) (BatchResult, error) {
+	if err := ctx.Err(); err != nil {
+		return BatchResult{}, err
+	}
+	claim, err := r.store.Claim(ctx, ClaimRequest{Limit: r.opts.BatchSize})
+	if err != nil {
+		return BatchResult{}, fmt.Errorf("txoutbox: claim: %w", err)
+	}
+	events := claim.Events()
+	if len(events) == 0 {
+		return BatchResult{}, r.release(claim)
+	}
+	r.batches.Add(1)
+
+	// The batch outlives a cancelled ctx by at most ShutdownTimeout, so that
+	// a shutdown does not turn a successful publish into a duplicate.
+	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.opts.ShutdownTimeout, cancel)
+		context.AfterFunc(bctx, func() { t.Stop() })
+	})
+	defer stop()
+
+	pubErr := r.publish(bctx, events)
+	if bctx.Err() != nil {
+		// Cut off by shutdown: outcomes are unknown, so mark nothing.
+		r.released.Add(int64(len(events)))
+		r.log.Warn("txoutbox: shutdown cut a batch off; it will be published again", "events", len(events))
+		return BatchResult{Claimed: len(events)}, r.release(claim)
+	}
+	out, res := r.outcome(events, pubErr)
+	if err := claim.Commit(bctx, out); err != nil {
+		// Published but not marked: the claim is gone with its transaction,
+		// so the batch is published again. The inbox absorbs the duplicates.
+		return BatchResult{Claimed: len(events)}, fmt.Errorf("txoutbox: record outcome of %d events: %w", len(events), err)
+	}
+	r.published.Add(int64(res.Published))
+	r.failed.Add(int64(res.Failed))
+	r.dead.Add(int64(res.DeadLettered))
+	return res, nil
+}
+
+func (r *Relay) release(c Claim) error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.opts.ShutdownTimeout)
+	defer cancel()
+	if err := c.Release(ctx); err != nil && !errors.Is(err, ErrClaimDone) {
+		return fmt.Errorf("txoutbox: release claim: %w", err)
+	}
+	return nil
+}
+
+// publish calls the publisher and turns a panic into an error of the batch,
+// so that a buggy publisher cannot take the relay down.
+func (r *Relay) publish(ctx context.Context, events []Event) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("txoutbox: publisher panicked: %v", p)
+		}
+	}()
+	return r.pub.Publish(ctx, events)
+}
+
+func (r *Relay) outcome(events []Event, pubErr error) (Outcome, BatchResult) {
+	errs := EventErrors(pubErr, len(events))
+	res := BatchResult{Claimed: len(events)}
+	out := Outcome{Published: make([]int64, 0, len(events))}
+	for i := range events {
+		ev := &events[i]
+		if errs[i] == nil {
+			out.Published = append(out.Published, ev.Seq)
+			continue
+		}
+		attempts := ev.AttemptCount + 1
+		f := Failure{
+			Seq:     ev.Seq,
+			Err:     truncateError(errs[i], r.opts.MaxErrorLength),
+			RetryIn: r.opts.Retry.Backoff(attempts),
+			Dead:    r.opts.Retry.Exhausted(attempts),
+		}
+		out.Failed = append(out.Failed, f)
+		res.Failed++
+		attrs := []any{"event_id", ev.ID, "seq", ev.Seq, "event_type", ev.EventType, "aggregate_id", ev.AggregateID, "attempt", attempts, "error", f.Err}
+		if f.Dead {
+			res.DeadLettered++
+			r.log.Error("txoutbox: event dead-lettered after its last attempt", attrs...)
+		} else {
+			r.log.Warn("txoutbox: publish failed; will retry", append(attrs, "retry_in", f.RetryIn)...)
+		}
+	}
+	res.Published = len(out.Published)
+	return out, res
+}
+
+// Drain processes batches until a claim comes back empty or ctx ends, and
+// returns the totals. It is meant for tests, tools and benchmarks; events
+// that are in backoff are not waited for.
+func (r *Relay) Drain(ctx context.Context) (BatchResult, error) {
+	var total BatchResult
+	for {
+		res, err := r.ProcessBatch(ctx)
+		total.Claimed += res.Claimed
+		total.Published += res.Published
+		total.Failed += res.Failed
+		total.DeadLettered += res.DeadLettered
+		if err != nil || res.Claimed == 0 {
+			return total, err
+		}
+	}
+}
