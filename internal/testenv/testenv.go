@@ -1,0 +1,117 @@
+// Package testenv gives tests the real services that scripts/services.sh
+// starts (make test). A test that needs a service and does not find it
+// fails; it never skips, so that a CI run without the service cannot pass.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+)
+
+const hint = "start the services with `make test` (or `scripts/services.sh start && . .services/env`)"
+
+// Env returns the environment variable name, failing the test when it is
+// unset.
+func Env(t testing.TB, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		t.Fatalf("%s is not set: this test needs a real service; %s", name, hint)
+	}
+	return v
+}
+
+// PostgresDSN returns the DSN of a new, empty PostgreSQL database made for
+// this test and dropped when it ends.
+func PostgresDSN(t testing.TB) string {
+	t.Helper()
+	admin := Env(t, "TXOUTBOX_PG_DSN")
+	name := "t_" + RandomSuffix()
+	db, err := sql.Open("pgx", admin)
+	if err != nil {
+		t.Fatalf("open admin connection: %v", err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create database %s: %v (%s)", name, err, hint)
+	}
+	t.Cleanup(func() {
+		db, err := sql.Open("pgx", admin)
+		if err != nil {
+			return
+		}
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Logf("drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(admin)
+	if err != nil {
+		t.Fatalf("parse TXOUTBOX_PG_DSN: %v", err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// OpenPostgres opens a fresh database (see PostgresDSN) with the pgx
+// database/sql driver and closes it when the test ends.
+func OpenPostgres(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", PostgresDSN(t))
+	if err != nil {
+		t.Fatalf("open postgres: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// AMQPURL returns the URL of the RabbitMQ that make test starts.
+func AMQPURL(t testing.TB) string {
+	t.Helper()
+	return Env(t, "TXOUTBOX_AMQP_URL")
+}
+
+// SNSEndpoint returns the URL of the SNS/SQS emulator that make test starts.
+func SNSEndpoint(t testing.TB) string {
+	t.Helper()
+	return Env(t, "TXOUTBOX_SNS_ENDPOINT")
+}
+
+// RabbitMQCtl runs rabbitmqctl against the test node (e.g. "stop_app",
+// "start_app") and fails the test if it fails.
+func RabbitMQCtl(t testing.TB, args ...string) string {
+	t.Helper()
+	base := strings.Fields(Env(t, "TXOUTBOX_RABBITMQCTL"))
+	cmd := exec.Command(base[0], append(base[1:], args...)...)
+	cmd.Env = append(os.Environ(), strings.Fields(os.Getenv("TXOUTBOX_RABBITMQ_ENV"))...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// RandomSuffix returns 12 random hex characters, for names of databases,
+// queues and topics that tests running in parallel must not share.
+func RandomSuffix() string {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Installs (from Debian packages) and starts the real services the tests need,
+# on loopback, under .services/ in the repository. Prints the environment the
+# tests read; source the printed file:  . .services/env
+#
+#   scripts/services.sh start   # install if missing, start, write .services/env
+#   scripts/services.sh stop    # stop everything started here
+#
+# Services: PostgreSQL 15 (throwaway cluster, fsync off), RabbitMQ (Debian's
+# rabbitmq-server, its own node name and ports), and the goaws SNS/SQS
+# emulator (built from its Go module).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SVC="$ROOT/.services"
+PG_PORT=${TXOUTBOX_PG_PORT:-55432}
+AMQP_PORT=${TXOUTBOX_AMQP_PORT:-55672}
+AMQP_DIST_PORT=${TXOUTBOX_AMQP_DIST_PORT:-45672}
+SNS_PORT=${TXOUTBOX_SNS_PORT:-54100}
+PGBIN=/usr/lib/postgresql/15/bin
+
+log() { echo "services: $*" >&2; }
+
+apt_updated=0
+need_pkg() { # need_pkg BINARY PACKAGE...
+	if [ ! -x "$1" ] && ! command -v "$1" >/dev/null 2>&1; then
+		if [ "$apt_updated" = 0 ]; then
+			log "apt-get update"
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+			apt_updated=1
+		fi
+		shift
+		log "apt-get install $*"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+	fi
+}
+
+start_postgres() {
+	need_pkg "$PGBIN/initdb" postgresql-15
+	local dir="$SVC/pg"
+	if [ -f "$dir/data/postmaster.pid" ] && su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $dir/data status" >/dev/null 2>&1; then
+		log "postgres already running on $PG_PORT"
+		return
+	fi
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	chown postgres: "$dir"
+	su postgres -s /bin/sh -c "$PGBIN/initdb -D $dir/data -U postgres -A trust --no-sync -E UTF8" >"$SVC/pg-initdb.log" 2>&1
+	cat >>"$dir/data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$dir'
+fsync = ${TXOUTBOX_PG_FSYNC:-off}
+synchronous_commit = on
+full_page_writes = off
+max_connections = 300
+shared_buffers = 256MB
+wal_level = logical
+max_wal_senders = 4
+max_replication_slots = 4
+CONF
+	su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $dir/data -l $dir/log -w -t 60 start" >&2
+	log "postgres up on 127.0.0.1:$PG_PORT"
+}
+
+start_rabbitmq() {
+	need_pkg rabbitmq-server rabbitmq-server
+	export RABBITMQ_NODENAME="txoutbox@localhost"
+	export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+	export RABBITMQ_NODE_PORT=$AMQP_PORT
+	export RABBITMQ_DIST_PORT=$AMQP_DIST_PORT
+	export RABBITMQ_MNESIA_BASE="$SVC/rabbitmq/mnesia"
+	export RABBITMQ_LOG_BASE="$SVC/rabbitmq/log"
+	export RABBITMQ_ENABLED_PLUGINS_FILE="$SVC/rabbitmq/enabled_plugins"
+	export RABBITMQ_CONFIG_FILE="$SVC/rabbitmq/rabbitmq"
+	# Run the server and CLI directly as root, not through Debian's wrappers
+	# that switch to the rabbitmq user: everything stays under .services/.
+	local rbin=/usr/lib/rabbitmq/bin
+	if "$rbin/rabbitmqctl" -n "$RABBITMQ_NODENAME" status >/dev/null 2>&1; then
+		log "rabbitmq already running on $AMQP_PORT"
+		return
+	fi
+	mkdir -p "$SVC/rabbitmq/mnesia" "$SVC/rabbitmq/log"
+	echo '[].' >"$RABBITMQ_ENABLED_PLUGINS_FILE"
+	# The guest user may log in from loopback only, which is where tests are.
+	printf 'loopback_users.guest = true\n' >"$RABBITMQ_CONFIG_FILE.conf"
+	# rabbitmq-server refuses to start without a cookie it can read.
+	[ -f "$HOME/.erlang.cookie" ] || { head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$HOME/.erlang.cookie"; chmod 400 "$HOME/.erlang.cookie"; }
+	(cd "$SVC/rabbitmq" && "$rbin/rabbitmq-server" -detached >&2)
+	# -detached returns before the node registers with epmd, and
+	# await_startup gives up at once on a node it cannot see yet.
+	local i
+	for i in $(seq 1 120); do
+		"$rbin/rabbitmqctl" -n "$RABBITMQ_NODENAME" -q ping >/dev/null 2>&1 && break
+		sleep 0.5
+	done
+	"$rbin/rabbitmqctl" -n "$RABBITMQ_NODENAME" await_startup --timeout 120 >&2
+	log "rabbitmq up on 127.0.0.1:$AMQP_PORT"
+}
+
+start_goaws() {
+	local bin="$SVC/bin/goaws"
+	if [ ! -x "$bin" ]; then
+		mkdir -p "$SVC/bin"
+		(cd "$ROOT" && GOBIN="$SVC/bin" go install github.com/Admiral-Piett/goaws/app/cmd@v0.4.5 && mv "$SVC/bin/cmd" "$bin") >&2
+	fi
+	if [ -f "$SVC/goaws.pid" ] && kill -0 "$(cat "$SVC/goaws.pid")" 2>/dev/null; then
+		log "goaws already running on $SNS_PORT"
+		return
+	fi
+	mkdir -p "$SVC/goaws"
+	cat >"$SVC/goaws/goaws.yaml" <<YAML
+Local:
+  Host: localhost
+  Port: $SNS_PORT
+  Region: us-east-1
+  AccountId: "100010001000"
+  LogToFile: false
+  EnableDuplicates: true
+YAML
+	(cd "$SVC/goaws" && nohup "$bin" -config "$SVC/goaws/goaws.yaml" Local >"$SVC/goaws/log" 2>&1 & echo $! >"$SVC/goaws.pid")
+	for _ in $(seq 1 50); do
+		if (exec 3<>"/dev/tcp/127.0.0.1/$SNS_PORT") 2>/dev/null; then
+			log "goaws up on 127.0.0.1:$SNS_PORT"
+			return
+		fi
+		sleep 0.2
+	done
+	log "goaws did not start; its log:"
+	cat "$SVC/goaws/log" >&2
+	return 1
+}
+
+write_env() {
+	cat >"$SVC/env" <<ENV
+export TXOUTBOX_PG_DSN='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
+export TXOUTBOX_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
+export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n txoutbox@localhost'
+export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'
+export TXOUTBOX_RABBITMQ_ENV='RABBITMQ_NODENAME=txoutbox@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$AMQP_PORT RABBITMQ_DIST_PORT=$AMQP_DIST_PORT RABBITMQ_MNESIA_BASE=$SVC/rabbitmq/mnesia RABBITMQ_LOG_BASE=$SVC/rabbitmq/log RABBITMQ_ENABLED_PLUGINS_FILE=$SVC/rabbitmq/enabled_plugins RABBITMQ_CONFIG_FILE=$SVC/rabbitmq/rabbitmq'
+ENV
+	log "environment in $SVC/env"
+}
+
+stop_all() {
+	if [ -d "$SVC/pg/data" ]; then
+		su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $SVC/pg/data -m fast stop" >&2 || true
+	fi
+	/usr/lib/rabbitmq/bin/rabbitmqctl -n "txoutbox@localhost" stop >&2 2>/dev/null || true
+	if [ -f "$SVC/goaws.pid" ]; then kill "$(cat "$SVC/goaws.pid")" 2>/dev/null || true; rm -f "$SVC/goaws.pid"; fi
+}
+
+case "${1:-start}" in
+start)
+	mkdir -p "$SVC"
+	start_postgres
+	start_rabbitmq
+	start_goaws
+	write_env
+	;;
+stop) stop_all ;;
+*) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The project's test command (`make test`): installs and starts every real
+# service the tests need, then runs gofmt, go vet and the race-enabled tests.
+# Extra arguments go to `go test` (e.g. scripts/test.sh -run TestRelay ./core/).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+scripts/services.sh start
+# shellcheck disable=SC1091
+. .services/env
+
+unformatted=$(gofmt -l $(git ls-files '*.go'))
+if [ -n "$unformatted" ]; then
+	echo "gofmt would change:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+go vet ./...
+if [ $# -eq 0 ]; then
+	set -- ./...
+fi
+go test -race -count=1 -timeout 20m "$@"
