@@ -10,6 +10,10 @@ import (
 // already been committed or released.
 var ErrClaimDone = errors.New("txoutbox: claim already committed or released")
 
+// ErrEventNotFound is returned (wrapped) by stores asked for an event they do
+// not hold.
+var ErrEventNotFound = errors.New("txoutbox: event not found")
+
 // Store is what the relay needs from the database that holds the outbox.
 //
 // Claim hands out due events (unpublished, not dead, next attempt reached)

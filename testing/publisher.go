@@ -3,8 +3,11 @@ package outboxtest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -18,37 +21,91 @@ type Received struct {
 	Payload  []byte
 }
 
-// Collect subscribes to topic and returns a function that waits until n
-// messages whose event_id is among want arrived (others are ignored), acking
-// everything. It fails the test on timeout.
-func Collect(t *testing.T, sub message.Subscriber, topic string) func(ctx context.Context, want map[string]bool, n int) []Received {
+// Collection gathers the messages of one subscription, acking each.
+type Collection struct {
+	t     *testing.T
+	topic string
+	mu    sync.Mutex
+	all   []Received
+	count map[string]int // by event_id
+	more  chan struct{}
+	done  chan struct{}
+}
+
+// Collect subscribes to topic and gathers every message that arrives until
+// the test ends.
+func Collect(t *testing.T, sub message.Subscriber, topic string) *Collection {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	msgs, err := sub.Subscribe(ctx, topic)
 	if err != nil {
+		cancel()
 		t.Fatalf("subscribe %q: %v", topic, err)
 	}
-	return func(wctx context.Context, want map[string]bool, n int) []Received {
-		t.Helper()
-		var got []Received
-		for len(got) < n {
+	c := &Collection{t: t, topic: topic, count: map[string]int{}, more: make(chan struct{}, 1), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for m := range msgs {
+			r := Received{UUID: m.UUID, Metadata: map[string]string(m.Metadata), Payload: append([]byte(nil), m.Payload...)}
+			m.Ack()
+			c.mu.Lock()
+			c.all = append(c.all, r)
+			c.count[r.Metadata[core.HeaderEventID]]++
+			c.mu.Unlock()
 			select {
-			case <-wctx.Done():
-				t.Fatalf("topic %q: received %d of %d messages before %v", topic, len(got), n, wctx.Err())
-			case m, ok := <-msgs:
-				if !ok {
-					t.Fatalf("topic %q: subscription closed after %d of %d messages", topic, len(got), n)
-				}
-				r := Received{UUID: m.UUID, Metadata: map[string]string(m.Metadata), Payload: append([]byte(nil), m.Payload...)}
-				m.Ack()
-				if want == nil || want[r.Metadata[core.HeaderEventID]] {
-					got = append(got, r)
-				}
+			case c.more <- struct{}{}:
+			default:
 			}
 		}
-		return got
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-c.done:
+		case <-time.After(10 * time.Second):
+			t.Logf("subscription to %q did not close", topic)
+		}
+	})
+	return c
+}
+
+// Wait waits until every event in want arrived at least once, and fails the
+// test when ctx ends first. It returns everything received so far.
+func (c *Collection) Wait(ctx context.Context, want []string) []Received {
+	c.t.Helper()
+	for {
+		c.mu.Lock()
+		missing := 0
+		for _, id := range want {
+			if c.count[id] == 0 {
+				missing++
+			}
+		}
+		c.mu.Unlock()
+		if missing == 0 {
+			return c.All()
+		}
+		select {
+		case <-ctx.Done():
+			c.t.Fatalf("topic %q: %d of %d events never arrived (%v)", c.topic, missing, len(want), ctx.Err())
+		case <-c.more:
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
+}
+
+// All returns every message received so far, in arrival order.
+func (c *Collection) All() []Received {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Received(nil), c.all...)
+}
+
+// Count reports how often the event with id arrived.
+func (c *Collection) Count(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.count[id]
 }
 
 // RunPublisher proves a broker's publisher: every published event arrives
@@ -60,33 +117,16 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		t.Parallel()
 		b := newBroker(t)
 		et := uniqueType("pub")
-		wait := Collect(t, b.Subscriber, b.topic(et))
+		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 25, 5)
 		ctx, cancel := timeout(t, deliveryTimeout)
 		defer cancel()
 		if err := b.Publisher.Publish(ctx, evs); err != nil {
 			t.Fatalf("Publish: %v", err)
 		}
-		byID := map[string]core.Event{}
-		want := map[string]bool{}
-		for _, ev := range evs {
-			byID[ev.ID] = ev
-			want[ev.ID] = true
-		}
-		got := wait(ctx, want, len(evs))
-		seen := map[string]int{}
-		for _, r := range got {
-			id := r.Metadata[core.HeaderEventID]
-			ev := byID[id]
-			seen[id]++
-			if err := CheckMessage(ev, r); err != nil {
-				t.Error(err)
-			}
-		}
-		for id := range want {
-			if seen[id] == 0 {
-				t.Errorf("event %s never arrived", id)
-			}
+		got := col.Wait(ctx, ids(evs))
+		if err := CheckMessages(evs, got); err != nil {
+			t.Error(err)
 		}
 	})
 	t.Run("KeepsAggregateOrder", func(t *testing.T) {
@@ -96,7 +136,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 			t.Log("broker does not claim per-aggregate order; checking delivery only")
 		}
 		et := uniqueType("order")
-		wait := Collect(t, b.Subscriber, b.topic(et))
+		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 60, 3)
 		ctx, cancel := timeout(t, deliveryTimeout)
 		defer cancel()
@@ -105,11 +145,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 				t.Fatalf("Publish: %v", err)
 			}
 		}
-		want := map[string]bool{}
-		for _, ev := range evs {
-			want[ev.ID] = true
-		}
-		got := wait(ctx, want, len(evs))
+		got := col.Wait(ctx, ids(evs))
 		if !b.Ordered {
 			return
 		}
@@ -124,6 +160,22 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 			t.Fatalf("Publish(nil) = %v, want nil", err)
 		}
 	})
+}
+
+// CheckMessages checks that every received message belongs to sent and
+// carries its event faithfully.
+func CheckMessages(sent []core.Event, got []Received) error {
+	byID := make(map[string]core.Event, len(sent))
+	for _, ev := range sent {
+		byID[ev.ID] = ev
+	}
+	var errs []error
+	for _, r := range got {
+		if err := CheckMessage(byID[r.Metadata[core.HeaderEventID]], r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // CheckMessage compares a received message with the event it carries.

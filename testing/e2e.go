@@ -1,0 +1,175 @@
+package outboxtest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/core"
+)
+
+// e2eRelayOptions are quick to retry, so that the suite finishes in seconds.
+func e2eRelayOptions(t *testing.T, f *StoreFixture) core.RelayOptions {
+	o := core.RelayOptions{
+		BatchSize:    25,
+		PollInterval: 50 * time.Millisecond,
+		Retry:        core.RetryPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, MaxAttempts: 1000},
+		Logger:       testLogger(t),
+	}
+	if f.ConcurrentClaims {
+		o.Concurrency = 2
+	}
+	return o
+}
+
+// startRelay runs a relay until the test ends and waits for it to stop.
+func startRelay(t *testing.T, f *StoreFixture, pub core.Publisher, opts core.RelayOptions) *core.Relay {
+	t.Helper()
+	r := mustRelay(t, f, pub, opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = r.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	return r
+}
+
+// RunEndToEnd drives the real core.Relay from a store through a real broker
+// to a subscriber on it: every committed event arrives, with its headers and
+// payload; no rolled-back event ever does; and a relay woken by the producer
+// publishes without waiting for its poll interval.
+func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
+	t.Run("CommittedArriveRolledBackNever", func(t *testing.T) {
+		t.Parallel()
+		f, b := newStore(t), newBroker(t)
+		et := uniqueType("e2e")
+		col := Collect(t, b.Subscriber, b.topic(et))
+		committed := suiteEvents(t, et, 60, 6)
+		rolledBack := suiteEvents(t, et, 20, 6)
+		startRelay(t, f, b.Publisher, e2eRelayOptions(t, f))
+		for i := 0; i < len(committed); i += 15 {
+			mustEnqueue(t, f, committed[i:i+15], true)
+			mustEnqueue(t, f, rolledBack[i/3:i/3+5], false)
+		}
+		ctx, cancel := timeout(t, deliveryTimeout)
+		defer cancel()
+		got := col.Wait(ctx, ids(committed))
+		if err := CheckMessages(committed, got); err != nil {
+			t.Error(err)
+		}
+		if b.Ordered {
+			if err := CheckAggregateOrder(committed, got); err != nil {
+				t.Error(err)
+			}
+		}
+		waitPublished(t, ctx, f, committed)
+		for _, ev := range rolledBack {
+			if n := col.Count(ev.ID); n != 0 {
+				t.Errorf("rolled-back event %s arrived %d times", ev.ID, n)
+			}
+		}
+	})
+
+	t.Run("WakeUpBeatsPollInterval", func(t *testing.T) {
+		t.Parallel()
+		f, b := newStore(t), newBroker(t)
+		et := uniqueType("wake")
+		col := Collect(t, b.Subscriber, b.topic(et))
+		opts := e2eRelayOptions(t, f)
+		opts.PollInterval = time.Hour // only a wake-up can publish in time
+		r := startRelay(t, f, b.Publisher, opts)
+		// Let the workers run their first claim and go idle.
+		time.Sleep(200 * time.Millisecond)
+		evs := suiteEvents(t, et, 3, 1)
+		for i := range evs {
+			r.Notify() // before the commit, as an adapter's Notifier does
+			mustEnqueue(t, f, evs[i:i+1], true)
+		}
+		ctx, cancel := timeout(t, deliveryTimeout)
+		defer cancel()
+		col.Wait(ctx, ids(evs))
+	})
+}
+
+// RunOutage proves that a broker outage loses nothing: events enqueued while
+// the broker is down stay in the outbox with their attempts and last error
+// growing, and all arrive once it is back. It takes the broker down, so run
+// it apart from tests that share the broker (make test runs tests named
+// *Outage* in a serial step of their own).
+func RunOutage(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
+	f, b := newStore(t), newBroker(t)
+	if b.Stop == nil || b.Start == nil {
+		t.Fatal("BrokerFixture needs Stop and Start for the outage test")
+	}
+	et := uniqueType("outage")
+	col := Collect(t, b.Subscriber, b.topic(et))
+	before := suiteEvents(t, et, 10, 3)
+	during := suiteEvents(t, et, 30, 3)
+	startRelay(t, f, b.Publisher, e2eRelayOptions(t, f))
+	ctx, cancel := timeout(t, 3*deliveryTimeout)
+	defer cancel()
+
+	mustEnqueue(t, f, before, true)
+	col.Wait(ctx, ids(before))
+
+	b.Stop(t)
+	restarted := false
+	defer func() {
+		if !restarted {
+			b.Start(t)
+		}
+	}()
+	mustEnqueue(t, f, during, true)
+	// Every event must have failed at least once, and still be pending.
+	for {
+		failed := 0
+		for _, ev := range during {
+			s := mustGet(t, f, ev.ID)
+			if s.PublishedAt != nil {
+				t.Fatalf("event %s marked published while the broker was down", ev.ID)
+			}
+			if s.AttemptCount >= 1 && s.LastError != "" {
+				failed++
+			}
+		}
+		if failed == len(during) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("only %d of %d events recorded a failed attempt during the outage", failed, len(during))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	b.Start(t)
+	restarted = true
+	got := col.Wait(ctx, ids(during))
+	if err := CheckMessages(during, got[len(before):]); err != nil {
+		t.Error(err)
+	}
+	waitPublished(t, ctx, f, during)
+}
+
+// waitPublished waits until the store marked every event published.
+func waitPublished(t *testing.T, ctx context.Context, f *StoreFixture, evs []core.Event) {
+	t.Helper()
+	for _, ev := range evs {
+		for {
+			if s := mustGet(t, f, ev.ID); s.PublishedAt != nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("event %s arrived but was never marked published", ev.ID)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}

@@ -1,0 +1,453 @@
+package outboxtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/core"
+)
+
+// RunStore proves a core.Store on a real database: committed events are
+// published at least once, rolled-back events never; concurrent claims never
+// share an event; a crash between publish and mark re-publishes (a duplicate
+// the suite detects); failures are recorded and retried after their backoff;
+// events are dead-lettered after their last attempt and kept; cleanup deletes
+// only old published events, in bounded batches; stats report the lag.
+func RunStore(t *testing.T, newStore NewStoreFunc) {
+	t.Run("RoundTripsEveryField", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		ctx := t.Context()
+		evs := suiteEvents(t, uniqueType("fields"), 1, 1)
+		evs[0].Payload = json.RawMessage(`{"total": 12.5, "items": ["a", "b"], "note": "naïve ✓"}`)
+		evs[0].Headers = map[string]string{"tenant": "acme", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+		mustEnqueue(t, f, evs, true)
+		claim := mustClaim(t, f, 10)
+		got := claim.Events()
+		if len(got) != 1 {
+			t.Fatalf("claimed %d events, want 1", len(got))
+		}
+		g, w := got[0], evs[0]
+		if g.ID != w.ID || g.AggregateType != w.AggregateType || g.AggregateID != w.AggregateID || g.EventType != w.EventType {
+			t.Errorf("claimed %+v, want identity of %+v", g, w)
+		}
+		if !jsonEqual(g.Payload, w.Payload) {
+			t.Errorf("payload %s, want %s", g.Payload, w.Payload)
+		}
+		if !maps.Equal(g.Headers, w.Headers) {
+			t.Errorf("headers %v, want %v", g.Headers, w.Headers)
+		}
+		if g.Seq <= 0 || g.CreatedAt.IsZero() || g.AttemptCount != 0 || g.PublishedAt != nil || g.DeadAt != nil {
+			t.Errorf("bookkeeping of a new event: %+v", g)
+		}
+		if err := claim.Commit(ctx, core.Outcome{Published: []int64{g.Seq}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := claim.Commit(ctx, core.Outcome{}); !errors.Is(err, core.ErrClaimDone) {
+			t.Errorf("second Commit = %v, want ErrClaimDone", err)
+		}
+		if err := claim.Release(ctx); !errors.Is(err, core.ErrClaimDone) {
+			t.Errorf("Release after Commit = %v, want ErrClaimDone", err)
+		}
+		stored := mustGet(t, f, w.ID)
+		if stored.PublishedAt == nil || stored.AttemptCount != 1 {
+			t.Errorf("after publish: PublishedAt=%v AttemptCount=%d, want set and 1", stored.PublishedAt, stored.AttemptCount)
+		}
+		if c := mustClaim(t, f, 10); len(c.Events()) != 0 {
+			t.Errorf("a published event was claimed again: %d events", len(c.Events()))
+		}
+	})
+
+	t.Run("CommittedDeliveredRolledBackNever", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		et := uniqueType("commit")
+		committed := suiteEvents(t, et, 150, 10)
+		rolledBack := suiteEvents(t, et, 30, 10)
+		for i := 0; i < len(committed); i += 50 {
+			mustEnqueue(t, f, committed[i:i+50], true)
+			mustEnqueue(t, f, rolledBack[i/5:i/5+10], false)
+		}
+		rec := NewRecorder()
+		relay := mustRelay(t, f, rec, core.RelayOptions{BatchSize: 40})
+		res, err := relay.Drain(t.Context())
+		if err != nil {
+			t.Fatalf("Drain: %v", err)
+		}
+		if res.Published != len(committed) {
+			t.Errorf("published %d, want %d", res.Published, len(committed))
+		}
+		for _, ev := range committed {
+			if n := rec.Count(ev.ID); n != 1 {
+				t.Errorf("committed event %s published %d times, want 1", ev.ID, n)
+			}
+		}
+		for _, ev := range rolledBack {
+			if n := rec.Count(ev.ID); n != 0 {
+				t.Errorf("rolled-back event %s was published %d times", ev.ID, n)
+			}
+			if _, err := f.Get(t.Context(), ev.ID); !errors.Is(err, core.ErrEventNotFound) {
+				t.Errorf("Get(rolled back %s) = %v, want ErrEventNotFound", ev.ID, err)
+			}
+		}
+	})
+
+	t.Run("ClaimsOldestFirstWithinLimit", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		evs := suiteEvents(t, uniqueType("fifo"), 30, 1)
+		for i := range evs {
+			mustEnqueue(t, f, evs[i:i+1], true)
+		}
+		claim := mustClaim(t, f, 12)
+		got := claim.Events()
+		if len(got) != 12 {
+			t.Fatalf("claimed %d events with limit 12", len(got))
+		}
+		for i, ev := range got {
+			if ev.ID != evs[i].ID {
+				t.Fatalf("claim #%d is %s, want %s (oldest first)", i, ev.ID, evs[i].ID)
+			}
+		}
+		if err := claim.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("ConcurrentRelaysNeverDoublePublish", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		if !f.ConcurrentClaims {
+			t.Log("store serves one relay; checking that a second claim waits its turn instead")
+		}
+		evs := suiteEvents(t, uniqueType("concurrent"), 2000, 50)
+		for i := 0; i < len(evs); i += 500 {
+			mustEnqueue(t, f, evs[i:i+500], true)
+		}
+		rec := NewRecorder()
+		relays := 1
+		if f.ConcurrentClaims {
+			relays = 4
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, relays)
+		for range relays {
+			r := mustRelay(t, f, rec, core.RelayOptions{BatchSize: 50})
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := r.Drain(t.Context()); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("Drain: %v", err)
+		}
+		if rec.Distinct() != len(evs) || rec.Duplicates() != 0 {
+			t.Errorf("%d relays published %d distinct events with %d duplicates, want %d and 0",
+				relays, rec.Distinct(), rec.Duplicates(), len(evs))
+		}
+		if f.ConcurrentClaims {
+			// Two claims open at the same time hold disjoint events.
+			more := suiteEvents(t, uniqueType("disjoint"), 20, 5)
+			mustEnqueue(t, f, more, true)
+			a, b := mustClaim(t, f, 10), mustClaim(t, f, 20)
+			seen := map[int64]bool{}
+			for _, ev := range append(a.Events(), b.Events()...) {
+				if seen[ev.Seq] {
+					t.Errorf("event %d held by two open claims", ev.Seq)
+				}
+				seen[ev.Seq] = true
+			}
+			if len(seen) != 20 {
+				t.Errorf("two open claims hold %d events, want 20", len(seen))
+			}
+			_ = a.Release(t.Context())
+			_ = b.Release(t.Context())
+		}
+	})
+
+	t.Run("CrashBetweenPublishAndMarkRepublishes", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		evs := suiteEvents(t, uniqueType("crash"), 10, 2)
+		mustEnqueue(t, f, evs, true)
+		rec := NewRecorder()
+		claim := mustClaim(t, f, 100)
+		if err := rec.Publish(t.Context(), claim.Events()); err != nil {
+			t.Fatal(err)
+		}
+		// The relay dies here: its claim goes away without an outcome.
+		if err := claim.Release(t.Context()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		relay := mustRelay(t, f, rec, core.RelayOptions{})
+		if _, err := relay.Drain(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			if n := rec.Count(ev.ID); n != 2 {
+				t.Errorf("event %s published %d times after a crash, want 2 (the duplicate)", ev.ID, n)
+			}
+		}
+		if rec.Duplicates() != len(evs) {
+			t.Errorf("detected %d duplicates, want %d", rec.Duplicates(), len(evs))
+		}
+	})
+
+	t.Run("FailuresRecordedAndRetriedAfterBackoff", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		evs := suiteEvents(t, uniqueType("retry"), 5, 5)
+		mustEnqueue(t, f, evs, true)
+		bad := evs[2].ID
+		failing := true
+		rec := NewRecorder()
+		pub := core.PublisherFunc(func(ctx context.Context, batch []core.Event) error {
+			be := core.NewBatchError(len(batch))
+			var ok []core.Event
+			for i, ev := range batch {
+				if ev.ID == bad && failing {
+					be.Errs[i] = fmt.Errorf("broker said no to %s", ev.ID)
+					continue
+				}
+				ok = append(ok, ev)
+			}
+			_ = rec.Publish(ctx, ok)
+			return be.ErrOrNil()
+		})
+		backoff := 1500 * time.Millisecond
+		relay := mustRelay(t, f, pub, core.RelayOptions{Retry: core.RetryPolicy{InitialBackoff: backoff, Jitter: -1}})
+		res, err := relay.ProcessBatch(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Published != 4 || res.Failed != 1 {
+			t.Fatalf("batch: %+v, want 4 published and 1 failed (one failure must not fail the batch)", res)
+		}
+		stored := mustGet(t, f, bad)
+		if stored.AttemptCount != 1 || stored.LastError == "" || stored.PublishedAt != nil {
+			t.Errorf("failed event: attempts=%d last_error=%q published=%v", stored.AttemptCount, stored.LastError, stored.PublishedAt)
+		}
+		if wait := stored.NextAttemptAt.Sub(stored.CreatedAt); wait < backoff-100*time.Millisecond {
+			t.Errorf("next attempt %v after creation, want at least the backoff %v", wait, backoff)
+		}
+		if res, err := relay.ProcessBatch(t.Context()); err != nil || res.Claimed != 0 {
+			t.Errorf("during backoff: claimed %d (err %v), want 0", res.Claimed, err)
+		}
+		failing = false
+		deadline := time.Now().Add(backoff + 10*time.Second)
+		for rec.Count(bad) == 0 && time.Now().Before(deadline) {
+			if _, err := relay.ProcessBatch(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		stored = mustGet(t, f, bad)
+		if rec.Count(bad) != 1 || stored.PublishedAt == nil || stored.AttemptCount != 2 {
+			t.Errorf("after backoff: published %d times, PublishedAt=%v, attempts=%d; want 1, set, 2",
+				rec.Count(bad), stored.PublishedAt, stored.AttemptCount)
+		}
+	})
+
+	t.Run("DeadLettersAfterMaxAttempts", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		evs := suiteEvents(t, uniqueType("dead"), 1, 1)
+		mustEnqueue(t, f, evs, true)
+		pub := core.PublisherFunc(func(context.Context, []core.Event) error { return errors.New("poison") })
+		relay := mustRelay(t, f, pub, core.RelayOptions{Retry: core.RetryPolicy{MaxAttempts: 3, InitialBackoff: 20 * time.Millisecond, Jitter: -1}})
+		deadline := time.Now().Add(20 * time.Second)
+		var stored core.Event
+		for time.Now().Before(deadline) {
+			if _, err := relay.ProcessBatch(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if stored = mustGet(t, f, evs[0].ID); stored.DeadAt != nil {
+				break
+			}
+			time.Sleep(30 * time.Millisecond)
+		}
+		if stored.DeadAt == nil || stored.AttemptCount != 3 || stored.LastError != "poison" {
+			t.Fatalf("after 3 failures: dead=%v attempts=%d last_error=%q", stored.DeadAt, stored.AttemptCount, stored.LastError)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if res, _ := relay.ProcessBatch(t.Context()); res.Claimed != 0 {
+			t.Errorf("a dead event was claimed again")
+		}
+		if c := relay.Counters(); c.DeadLettered != 1 || c.Failed != 3 {
+			t.Errorf("counters %+v, want 1 dead-lettered of 3 failures", c)
+		}
+		if f.Stats != nil {
+			s, err := f.Stats.Stats(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Dead != 1 || s.Pending != 0 {
+				t.Errorf("stats %+v, want 1 dead and 0 pending", s)
+			}
+		}
+	})
+
+	t.Run("CleanupDeletesOnlyOldPublishedInBatches", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		if f.Cleaner == nil || f.Backdate == nil {
+			t.Fatal("StoreFixture needs Cleaner and Backdate")
+		}
+		ctx := t.Context()
+		et := uniqueType("cleanup")
+		published := suiteEvents(t, et, 30, 3)
+		mustEnqueue(t, f, published, true)
+		if _, err := mustRelay(t, f, NewRecorder(), core.RelayOptions{}).Drain(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pending := suiteEvents(t, et, 5, 3)
+		mustEnqueue(t, f, pending, true)
+		old := 40 * 24 * time.Hour
+		for _, ev := range append(published[:23:23], pending...) {
+			if err := f.Backdate(ctx, ev.ID, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var progress []int64
+		n, err := core.Cleanup(ctx, f.Cleaner, core.CleanupOptions{BatchSize: 7, OnProgress: func(d int64) { progress = append(progress, d) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 23 {
+			t.Errorf("cleanup deleted %d, want the 23 old published events", n)
+		}
+		if want := []int64{7, 14, 21, 23}; fmt.Sprint(progress) != fmt.Sprint(want) {
+			t.Errorf("progress %v, want batches of at most 7: %v", progress, want)
+		}
+		for i, ev := range published {
+			_, err := f.Get(ctx, ev.ID)
+			if gone := errors.Is(err, core.ErrEventNotFound); gone != (i < 23) {
+				t.Errorf("published event %d: deleted=%v, want %v (err %v)", i, gone, i < 23, err)
+			}
+		}
+		for _, ev := range pending {
+			if _, err := f.Get(ctx, ev.ID); err != nil {
+				t.Errorf("an old pending event was deleted: %v", err)
+			}
+		}
+	})
+
+	t.Run("StatsAndLagMonitor", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		if f.Stats == nil || f.Backdate == nil {
+			t.Fatal("StoreFixture needs Stats and Backdate")
+		}
+		ctx := t.Context()
+		evs := suiteEvents(t, uniqueType("stats"), 4, 2)
+		mustEnqueue(t, f, evs, true)
+		if err := f.Backdate(ctx, evs[1].ID, 2*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		var lagged core.Stats
+		m, err := core.NewMonitor(f.Stats, core.MonitorOptions{LagThreshold: time.Hour, OnLag: func(_ context.Context, s core.Stats) { lagged = s }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, lagging, err := m.Check(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Pending != 4 || s.Dead != 0 {
+			t.Errorf("stats %+v, want 4 pending, 0 dead", s)
+		}
+		if s.OldestPendingAge < 2*time.Hour || s.OldestPendingAge > 2*time.Hour+time.Minute {
+			t.Errorf("oldest pending age %v, want about 2h", s.OldestPendingAge)
+		}
+		if !lagging || lagged.Pending != 4 {
+			t.Errorf("monitor: lagging=%v OnLag got %+v, want lagging with the stats", lagging, lagged)
+		}
+		if bt, ok := s.ByType[evs[0].EventType]; s.ByType != nil && (!ok || bt.Pending != 4) {
+			t.Errorf("stats by type %+v, want 4 pending of %s", s.ByType, evs[0].EventType)
+		}
+		if _, err := mustRelay(t, f, NewRecorder(), core.RelayOptions{}).Drain(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s, lagging, err = m.Check(ctx)
+		if err != nil || s.Pending != 0 || lagging || s.OldestPendingAge != 0 {
+			t.Errorf("after drain: %+v lagging=%v err=%v, want nothing pending", s, lagging, err)
+		}
+	})
+
+	t.Run("RejectsInvalidEvents", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		bad := []core.Event{
+			{EventType: "", Payload: json.RawMessage(`{}`)},
+			{EventType: "x", Payload: json.RawMessage(`{not json`)},
+			{EventType: "x", ID: "not-a-uuid"},
+		}
+		for _, ev := range bad {
+			if err := f.Enqueue(t.Context(), []core.Event{ev}, true); !errors.Is(err, core.ErrInvalidEvent) {
+				t.Errorf("Enqueue(%+v) = %v, want ErrInvalidEvent", ev, err)
+			}
+		}
+		if c := mustClaim(t, f, 10); len(c.Events()) != 0 {
+			t.Errorf("invalid events were stored: %d", len(c.Events()))
+		}
+	})
+}
+
+func mustEnqueue(t *testing.T, f *StoreFixture, evs []core.Event, commit bool) {
+	t.Helper()
+	if err := f.Enqueue(t.Context(), evs, commit); err != nil {
+		t.Fatalf("Enqueue(%d events, commit=%v): %v", len(evs), commit, err)
+	}
+}
+
+func mustClaim(t *testing.T, f *StoreFixture, limit int) core.Claim {
+	t.Helper()
+	c, err := f.Store.Claim(t.Context(), core.ClaimRequest{Limit: limit})
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Release(context.Background()) })
+	return c
+}
+
+func mustGet(t *testing.T, f *StoreFixture, id string) core.Event {
+	t.Helper()
+	ev, err := f.Get(t.Context(), id)
+	if err != nil {
+		t.Fatalf("Get(%s): %v", id, err)
+	}
+	return ev
+}
+
+func mustRelay(t *testing.T, f *StoreFixture, pub core.Publisher, opts core.RelayOptions) *core.Relay {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = testLogger(t)
+	}
+	r, err := core.NewRelay(f.Store, pub, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	ja, _ := json.Marshal(x)
+	jb, _ := json.Marshal(y)
+	return string(ja) == string(jb)
+}
