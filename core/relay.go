@@ -153,8 +153,13 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // wakeGrace are the waits after a Notify whose claim found nothing: the
-// notifying transaction is usually a fraction of a millisecond from commit.
-var wakeGrace = []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond}
+// notifying transaction is usually a fraction of a millisecond from its
+// commit, but a loaded machine can stretch that, so the waits double up to a
+// quarter second before the worker falls back to polling.
+var wakeGrace = []time.Duration{
+	time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond,
+	16 * time.Millisecond, 32 * time.Millisecond, 64 * time.Millisecond, 128 * time.Millisecond,
+}
 
 func (r *Relay) work(ctx context.Context, log *slog.Logger) {
 	timer := time.NewTimer(0)

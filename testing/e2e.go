@@ -151,7 +151,7 @@ func RunOutage(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 	b.Start(t)
 	restarted = true
 	got := col.Wait(ctx, ids(during))
-	if err := CheckMessages(during, got[len(before):]); err != nil {
+	if err := CheckMessages(append(before, during...), got); err != nil {
 		t.Error(err)
 	}
 	waitPublished(t, ctx, f, during)
