@@ -1,0 +1,255 @@
+package dialect
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+)
+
+// The migration files, per dialect and component, named NNNN_description.sql.
+// A released file is never edited: changes go into a new, higher version.
+//
+//go:embed migrations
+var migrationFiles embed.FS
+
+// Components of the schema, each versioned on its own in the migrations
+// table, so that one database can hold several outbox or inbox tables.
+const (
+	ComponentOutbox = "outbox"
+	ComponentInbox  = "inbox"
+)
+
+// pgMigrateLockKey is the pg_advisory_xact_lock key that serializes Migrate
+// across processes ("txoutbox" in ASCII).
+const pgMigrateLockKey int64 = 0x74786f7574626f78
+
+// MigrateOptions configures Migrate and Migrations.
+type MigrateOptions struct {
+	// Table is the outbox table. Default DefaultTable.
+	Table string
+	// InboxTable is the inbox table. Default DefaultInboxTable.
+	InboxTable string
+	// SkipInbox leaves the inbox table out (producer-only databases).
+	SkipInbox bool
+	// SkipOutbox leaves the outbox table out (consumer-only databases).
+	SkipOutbox bool
+	// MigrationsTable records applied versions. Default
+	// DefaultMigrationsTable.
+	MigrationsTable string
+	// Logger receives one line per applied migration. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Migration is one versioned schema change, with the table names already
+// substituted.
+type Migration struct {
+	// Component is ComponentOutbox or ComponentInbox.
+	Component string
+	// Table is the table the migration is for, as configured.
+	Table string
+	// Version orders the migrations of a component, from 1.
+	Version int
+	// Name is the file name without its version and extension.
+	Name string
+	// SQL is the statements to run.
+	SQL string
+}
+
+// Migrations returns the migrations of d for opts, in the order Migrate
+// applies them, for users who run their own migration tool (print SQL and
+// feed it to goose, Atlas, Flyway...).
+func Migrations(d Dialect, opts MigrateOptions) ([]Migration, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	var out []Migration
+	add := func(component, table, def string) error {
+		if table == "" {
+			table = def
+		}
+		id, err := ValidateIdentifier(table)
+		if err != nil {
+			return err
+		}
+		ms, err := d.render(component, id)
+		if err != nil {
+			return err
+		}
+		out = append(out, ms...)
+		return nil
+	}
+	if !opts.SkipOutbox {
+		if err := add(ComponentOutbox, opts.Table, DefaultTable); err != nil {
+			return nil, err
+		}
+	}
+	if !opts.SkipInbox {
+		if err := add(ComponentInbox, opts.InboxTable, DefaultInboxTable); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (d Dialect) render(component string, id Identifier) ([]Migration, error) {
+	dir := path.Join("migrations", d.Name(), component)
+	entries, err := fs.ReadDir(migrationFiles, dir)
+	if err != nil {
+		return nil, fmt.Errorf("txoutbox/dialect: no %s migrations for %s: %w", component, d.Name(), err)
+	}
+	schemaPrefix := ""
+	if id.Schema != "" {
+		schemaPrefix = d.quote(id.Schema) + "."
+	}
+	vars := map[string]string{
+		"table":         d.qualified(id),
+		"table_name":    d.quote(id.Name),
+		"schema_prefix": schemaPrefix,
+	}
+	funcs := template.FuncMap{"index": func(suffix string) string { return d.quote(indexName(id.Name, suffix)) }}
+	for k, v := range vars {
+		funcs[k] = func() string { return v }
+	}
+	var ms []Migration
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, ".sql") {
+			continue
+		}
+		num, rest, ok := strings.Cut(strings.TrimSuffix(name, ".sql"), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v < 1 {
+			return nil, fmt.Errorf("txoutbox/dialect: migration file %s/%s is not named NNNN_name.sql", dir, name)
+		}
+		src, err := fs.ReadFile(migrationFiles, path.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(name).Funcs(funcs).Parse(string(src))
+		if err != nil {
+			return nil, fmt.Errorf("txoutbox/dialect: migration %s/%s: %w", dir, name, err)
+		}
+		var b strings.Builder
+		if err := tmpl.Execute(&b, nil); err != nil {
+			return nil, fmt.Errorf("txoutbox/dialect: migration %s/%s: %w", dir, name, err)
+		}
+		ms = append(ms, Migration{Component: component, Table: id.String(), Version: v, Name: rest, SQL: b.String()})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	for i := range ms {
+		if ms[i].Version != i+1 {
+			return nil, fmt.Errorf("txoutbox/dialect: %s migrations of %s skip or repeat version %d", component, d.Name(), i+1)
+		}
+	}
+	return ms, nil
+}
+
+// Migrate brings the outbox and inbox tables of opts up to date on db and
+// records each applied version in the migrations table. It is idempotent,
+// and safe to run from several processes at once: everything happens in one
+// transaction that first takes a lock (pg_advisory_xact_lock on PostgreSQL,
+// BEGIN IMMEDIATE on SQLite), so a second caller waits and then finds
+// nothing left to do. A failing migration rolls back all of them.
+func Migrate(ctx context.Context, db *sql.DB, d Dialect, opts MigrateOptions) (err error) {
+	ms, err := Migrations(d, opts)
+	if err != nil {
+		return err
+	}
+	if opts.MigrationsTable == "" {
+		opts.MigrationsTable = DefaultMigrationsTable
+	}
+	mid, err := ValidateIdentifier(opts.MigrationsTable)
+	if err != nil {
+		return err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("txoutbox/dialect: migrate: %w", err)
+	}
+	defer conn.Close()
+
+	// database/sql's BeginTx cannot say BEGIN IMMEDIATE, which SQLite needs
+	// so that two migrators do not both read and then both try to write.
+	begin, commit, rollback := "BEGIN", "COMMIT", "ROLLBACK"
+	if d.kind == kindSQLite {
+		begin = "BEGIN IMMEDIATE"
+	}
+	if _, err := conn.ExecContext(ctx, begin); err != nil {
+		return fmt.Errorf("txoutbox/dialect: migrate: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), rollback); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("txoutbox/dialect: migrate: rollback: %w", rerr))
+			}
+		}
+	}()
+	if d.kind == kindPostgres {
+		if _, err := conn.ExecContext(ctx, d.rebind("SELECT pg_advisory_xact_lock(?)"), pgMigrateLockKey); err != nil {
+			return fmt.Errorf("txoutbox/dialect: migrate: lock: %w", err)
+		}
+	}
+	mt := d.qualified(mid)
+	ts, now := "TIMESTAMPTZ", "now()"
+	if d.kind == kindSQLite {
+		ts, now = "TEXT", "("+sqliteNow+")"
+	}
+	if _, err := conn.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+mt+" ("+
+		"component TEXT NOT NULL, table_name TEXT NOT NULL, version INTEGER NOT NULL, name TEXT NOT NULL, "+
+		"applied_at "+ts+" NOT NULL DEFAULT "+now+", PRIMARY KEY (component, table_name, version))"); err != nil {
+		return fmt.Errorf("txoutbox/dialect: migrate: create %s: %w", mid, err)
+	}
+	applied := map[string]bool{}
+	rows, err := conn.QueryContext(ctx, "SELECT component, table_name, version FROM "+mt)
+	if err != nil {
+		return fmt.Errorf("txoutbox/dialect: migrate: read %s: %w", mid, err)
+	}
+	for rows.Next() {
+		var c, t string
+		var v int
+		if err := rows.Scan(&c, &t, &v); err != nil {
+			rows.Close()
+			return fmt.Errorf("txoutbox/dialect: migrate: read %s: %w", mid, err)
+		}
+		applied[c+"\x00"+t+"\x00"+strconv.Itoa(v)] = true
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("txoutbox/dialect: migrate: read %s: %w", mid, err)
+	}
+	record := d.rebind("INSERT INTO " + mt + " (component, table_name, version, name) VALUES (?, ?, ?, ?)")
+	var done []Migration
+	for _, m := range ms {
+		if applied[m.Component+"\x00"+m.Table+"\x00"+strconv.Itoa(m.Version)] {
+			continue
+		}
+		if _, err := conn.ExecContext(ctx, m.SQL); err != nil {
+			return fmt.Errorf("txoutbox/dialect: migration %s %04d_%s on %s: %w", m.Component, m.Version, m.Name, m.Table, err)
+		}
+		if _, err := conn.ExecContext(ctx, record, m.Component, m.Table, m.Version, m.Name); err != nil {
+			return fmt.Errorf("txoutbox/dialect: record migration %s %d: %w", m.Component, m.Version, err)
+		}
+		done = append(done, m)
+	}
+	if _, err := conn.ExecContext(ctx, commit); err != nil {
+		return fmt.Errorf("txoutbox/dialect: migrate: commit: %w", err)
+	}
+	for _, m := range done {
+		log.Info("txoutbox: applied migration", "dialect", d.Name(), "component", m.Component,
+			"table", m.Table, "version", m.Version, "name", m.Name)
+	}
+	return nil
+}
