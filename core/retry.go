@@ -45,12 +45,16 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 	}
 	if p.MaxBackoff > 0 {
 		d.MaxBackoff = p.MaxBackoff
+	} else if d.InitialBackoff > d.MaxBackoff {
+		// An explicit first wait above the default cap is meant literally.
+		d.MaxBackoff = d.InitialBackoff
 	}
 	if p.Multiplier >= 1 {
 		d.Multiplier = p.Multiplier
 	}
 	if p.Jitter != 0 {
-		d.Jitter = min(max(p.Jitter, 0), 1)
+		// Negative stays negative, so that defaulting twice keeps "none".
+		d.Jitter = min(p.Jitter, 1)
 	}
 	return d
 }

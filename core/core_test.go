@@ -1,0 +1,134 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+func TestPrepare(t *testing.T) {
+	t.Parallel()
+	ev := Event{EventType: "order.created"}
+	if err := ev.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	id, err := uuid.Parse(ev.ID)
+	if err != nil || id.Version() != 7 {
+		t.Errorf("ID %q: want a UUIDv7 (%v)", ev.ID, err)
+	}
+	if string(ev.Payload) != "null" {
+		t.Errorf("empty payload became %q, want null", ev.Payload)
+	}
+	for name, bad := range map[string]Event{
+		"no type":      {Payload: []byte(`{}`)},
+		"invalid json": {EventType: "x", Payload: []byte(`{"a":`)},
+		"bad id":       {EventType: "x", ID: "42"},
+	} {
+		if err := bad.Prepare(); !errors.Is(err, ErrInvalidEvent) {
+			t.Errorf("%s: %v, want ErrInvalidEvent", name, err)
+		}
+	}
+}
+
+func TestMessageHeadersIdentityWins(t *testing.T) {
+	t.Parallel()
+	ev := Event{ID: "id-1", EventType: "t", AggregateID: "a", Headers: map[string]string{HeaderEventID: "forged", "x": "y"}}
+	h := ev.MessageHeaders()
+	if h[HeaderEventID] != "id-1" || h["x"] != "y" || h[HeaderAggregateID] != "a" || h[HeaderEventType] != "t" {
+		t.Errorf("headers %v", h)
+	}
+}
+
+func TestBackoffGrowsWithinBounds(t *testing.T) {
+	t.Parallel()
+	p := RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Minute, Jitter: 0.5}
+	for attempt := 1; attempt <= 40; attempt++ {
+		want := min(time.Second<<min(attempt-1, 30), time.Minute)
+		for range 20 {
+			d := p.Backoff(attempt)
+			if d > want || d < want/2 {
+				t.Fatalf("attempt %d: backoff %v outside [%v, %v]", attempt, d, want/2, want)
+			}
+		}
+	}
+	exact := RetryPolicy{InitialBackoff: time.Second, Jitter: -1}
+	if d := exact.Backoff(3); d != 4*time.Second {
+		t.Errorf("no jitter: attempt 3 backoff %v, want 4s", d)
+	}
+	if !exact.Exhausted(25) || exact.Exhausted(24) {
+		t.Error("default MaxAttempts is 25")
+	}
+}
+
+func TestEventErrors(t *testing.T) {
+	t.Parallel()
+	all := EventErrors(errors.New("down"), 3)
+	for _, err := range all {
+		if err == nil {
+			t.Fatal("a whole-batch error must fail every event")
+		}
+	}
+	be := NewBatchError(3)
+	be.Errs[1] = errors.New("one")
+	got := EventErrors(be, 3)
+	if got[0] != nil || got[1] == nil || got[2] != nil {
+		t.Errorf("per-event errors %v", got)
+	}
+	if NewBatchError(2).ErrOrNil() != nil {
+		t.Error("a BatchError with no failures is nil")
+	}
+	if !errors.Is(be, be.Errs[1]) {
+		t.Error("errors.Is must see a batch's event errors")
+	}
+}
+
+func TestTruncateErrorKeepsUTF8(t *testing.T) {
+	t.Parallel()
+	s := truncateError(errors.New(strings.Repeat("é", 100)), 51)
+	if !utf8.ValidString(s) || len(s) > 51+len("…") {
+		t.Errorf("truncated to %q", s)
+	}
+}
+
+type fakeCleaner struct{ left int64 }
+
+func (c *fakeCleaner) DeletePublished(_ context.Context, before time.Time, limit int) (int64, error) {
+	n := min(c.left, int64(limit))
+	c.left -= n
+	return n, nil
+}
+
+func TestCleanupInBoundedBatches(t *testing.T) {
+	t.Parallel()
+	c := &fakeCleaner{left: 25}
+	var steps []int64
+	n, err := Cleanup(t.Context(), c, CleanupOptions{BatchSize: 10, OnProgress: func(d int64) { steps = append(steps, d) }})
+	if err != nil || n != 25 || len(steps) != 3 || steps[2] != 25 {
+		t.Errorf("deleted %d steps %v err %v", n, steps, err)
+	}
+}
+
+type fixedStats Stats
+
+func (s fixedStats) Stats(context.Context) (Stats, error) { return Stats(s), nil }
+
+func TestMonitorLag(t *testing.T) {
+	t.Parallel()
+	var called bool
+	m, err := NewMonitor(fixedStats{Pending: 2, OldestPendingAge: 2 * time.Minute}, MonitorOptions{Logger: quiet, OnLag: func(context.Context, Stats) { called = true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, lagging, _ := m.Check(t.Context()); !lagging || !called {
+		t.Error("2m-old pending event with the default 1m threshold must lag")
+	}
+	m2, _ := NewMonitor(fixedStats{Pending: 2, OldestPendingAge: time.Second}, MonitorOptions{Logger: quiet})
+	if _, lagging, _ := m2.Check(t.Context()); lagging {
+		t.Error("1s is not lagging")
+	}
+}

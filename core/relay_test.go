@@ -1,0 +1,270 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func testEvents(n int, eventType string) []Event {
+	evs := make([]Event, n)
+	for i := range evs {
+		evs[i] = Event{AggregateID: fmt.Sprint(i % 3), EventType: eventType, Payload: []byte(`{}`)}
+	}
+	return evs
+}
+
+type recordingPub struct {
+	mu   sync.Mutex
+	seen map[string]int
+	fail func(ev Event) error
+}
+
+func (p *recordingPub) Publish(ctx context.Context, evs []Event) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seen == nil {
+		p.seen = map[string]int{}
+	}
+	be := NewBatchError(len(evs))
+	for i, ev := range evs {
+		if p.fail != nil {
+			if err := p.fail(ev); err != nil {
+				be.Errs[i] = err
+				continue
+			}
+		}
+		p.seen[ev.ID]++
+	}
+	return be.ErrOrNil()
+}
+
+func (p *recordingPub) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.seen)
+}
+
+func TestNewRelayRejectsBadOptions(t *testing.T) {
+	t.Parallel()
+	if _, err := NewRelay(nil, &recordingPub{}, RelayOptions{}); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("nil store: %v", err)
+	}
+	if _, err := NewRelay(newMemStore(), &recordingPub{}, RelayOptions{BatchSize: -1}); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("negative batch size: %v", err)
+	}
+	r, err := NewRelay(newMemStore(), &recordingPub{}, RelayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := r.Options()
+	if o.BatchSize != 100 || o.PollInterval != time.Second || o.Concurrency != 1 || o.Retry.MaxAttempts != 25 {
+		t.Errorf("defaults: %+v", o)
+	}
+}
+
+type limitedStore struct{ *memStore }
+
+func (limitedStore) MaxConcurrency() int { return 1 }
+
+func TestRelayCapsConcurrencyToStore(t *testing.T) {
+	t.Parallel()
+	r, err := NewRelay(limitedStore{newMemStore()}, &recordingPub{}, RelayOptions{Concurrency: 8, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Options().Concurrency != 1 {
+		t.Errorf("concurrency %d, want 1", r.Options().Concurrency)
+	}
+}
+
+func TestProcessBatchRecordsEachOutcome(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	s.add(testEvents(5, "t")...)
+	pub := &recordingPub{fail: func(ev Event) error {
+		if ev.Seq == 3 {
+			return errors.New("nope")
+		}
+		return nil
+	}}
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, Retry: RetryPolicy{InitialBackoff: time.Hour, Jitter: -1}})
+	res, err := r.ProcessBatch(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res != (BatchResult{Claimed: 5, Published: 4, Failed: 1}) {
+		t.Errorf("result %+v", res)
+	}
+	f := s.get(3)
+	if f.PublishedAt != nil || f.AttemptCount != 1 || f.LastError != "nope" || f.NextAttemptAt.Sub(f.CreatedAt) < 59*time.Minute {
+		t.Errorf("failed event %+v", f)
+	}
+	if got := s.get(1); got.PublishedAt == nil {
+		t.Errorf("event 1 not published")
+	}
+}
+
+func TestWholeBatchErrorFailsEveryEvent(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	s.add(testEvents(3, "t")...)
+	pub := PublisherFunc(func(context.Context, []Event) error { return errors.New("broker down") })
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet})
+	res, err := r.ProcessBatch(t.Context())
+	if err != nil || res.Failed != 3 {
+		t.Fatalf("%+v %v", res, err)
+	}
+}
+
+func TestPanickingPublisherFailsBatchNotRelay(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	s.add(testEvents(2, "t")...)
+	pub := PublisherFunc(func(context.Context, []Event) error { panic("boom") })
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet})
+	res, err := r.ProcessBatch(t.Context())
+	if err != nil || res.Failed != 2 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if !strings.Contains(s.get(1).LastError, "panicked: boom") {
+		t.Errorf("last error %q", s.get(1).LastError)
+	}
+}
+
+func TestDeadLetterAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	s.add(testEvents(1, "t")...)
+	pub := PublisherFunc(func(context.Context, []Event) error { return errors.New("poison") })
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, Retry: RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Nanosecond, Jitter: -1}})
+	for range 5 {
+		time.Sleep(time.Millisecond)
+		if _, err := r.ProcessBatch(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := s.get(1)
+	if ev.DeadAt == nil || ev.AttemptCount != 3 {
+		t.Errorf("after 5 rounds: %+v", ev)
+	}
+	if c := r.Counters(); c.DeadLettered != 1 || c.Failed != 3 {
+		t.Errorf("counters %+v", c)
+	}
+}
+
+func TestRunDrainsAndStopsOnCancel(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	s.add(testEvents(1000, "t")...)
+	pub := &recordingPub{}
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, Concurrency: 4, BatchSize: 10, PollInterval: time.Hour})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for pub.count() < 1000 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if pub.count() != 1000 {
+		t.Fatalf("published %d of 1000", pub.count())
+	}
+	for id, n := range pub.seen {
+		if n != 1 {
+			t.Errorf("event %s published %d times by concurrent workers", id, n)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not stop after cancel")
+	}
+}
+
+func TestNotifyWakesIdleRelay(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	pub := &recordingPub{}
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, PollInterval: time.Hour})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _ = r.Run(ctx) }()
+	time.Sleep(20 * time.Millisecond)
+	// Notify first, as a producer does before its commit; the event shows up
+	// a few milliseconds later.
+	r.Notify()
+	time.Sleep(3 * time.Millisecond)
+	s.add(testEvents(1, "t")...)
+	deadline := time.Now().Add(2 * time.Second)
+	for pub.count() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if pub.count() != 1 {
+		t.Fatal("a notified relay did not publish within 2s (poll interval 1h)")
+	}
+}
+
+func TestShutdownLetsBatchInFlightFinish(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	s.add(testEvents(3, "t")...)
+	started := make(chan struct{})
+	var published atomic.Int32
+	pub := PublisherFunc(func(ctx context.Context, evs []Event) error {
+		close(started)
+		time.Sleep(100 * time.Millisecond)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		published.Add(int32(len(evs)))
+		return nil
+	})
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, ShutdownTimeout: 5 * time.Second})
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { <-started; cancel() }()
+	res, err := r.ProcessBatch(ctx)
+	if err != nil || res.Published != 3 || published.Load() != 3 {
+		t.Fatalf("batch cut off by shutdown: %+v %v", res, err)
+	}
+	if s.get(1).PublishedAt == nil {
+		t.Error("event not marked after graceful shutdown")
+	}
+}
+
+func TestShutdownTimeoutReleasesBatchUnmarked(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	s.add(testEvents(2, "t")...)
+	started := make(chan struct{})
+	pub := PublisherFunc(func(ctx context.Context, evs []Event) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, ShutdownTimeout: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { <-started; cancel() }()
+	if _, err := r.ProcessBatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ev := s.get(1)
+	if ev.AttemptCount != 0 || ev.PublishedAt != nil || ev.LastError != "" {
+		t.Errorf("an event cut off by shutdown was marked: %+v", ev)
+	}
+	if c := r.Counters(); c.Released != 2 {
+		t.Errorf("counters %+v, want 2 released", c)
+	}
+}
