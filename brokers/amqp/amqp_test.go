@@ -1,0 +1,398 @@
+package amqpbroker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+// quiet keeps watermill's per-connection info logs out of test output.
+var quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+// newPublisher connects a publisher to the test RabbitMQ and closes it when
+// the test ends.
+func newPublisher(t testing.TB, opts amqpbroker.Options) *amqpbroker.Publisher {
+	t.Helper()
+	if opts.URL == "" {
+		opts.URL = testenv.AMQPURL(t)
+	}
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	p, err := amqpbroker.NewPublisher(opts)
+	if err != nil {
+		t.Fatalf("NewPublisher: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func newSubscriber(t testing.TB, opts amqpbroker.SubscriberOptions) message.Subscriber {
+	t.Helper()
+	if opts.URL == "" {
+		opts.URL = testenv.AMQPURL(t)
+	}
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	if opts.Consumer == "" {
+		opts.Consumer = "test-" + testenv.RandomSuffix()
+	}
+	s, err := amqpbroker.NewSubscriber(opts)
+	if err != nil {
+		t.Fatalf("NewSubscriber: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestConformanceFanoutPerTopic(t *testing.T) {
+	outboxtest.RunPublisher(t, func(t *testing.T) *outboxtest.BrokerFixture {
+		return &outboxtest.BrokerFixture{
+			Publisher:  newPublisher(t, amqpbroker.Options{}),
+			Subscriber: newSubscriber(t, amqpbroker.SubscriberOptions{}),
+			// One aggregate's events are confirmed one after another, so a
+			// single queue holds them in order.
+			Ordered: true,
+		}
+	})
+}
+
+func TestConformanceTopicExchange(t *testing.T) {
+	topo := amqpbroker.Topology{Exchange: "txoutbox.test." + testenv.RandomSuffix(), ExchangeType: amqpbroker.ExchangeTopic}
+	outboxtest.RunPublisher(t, func(t *testing.T) *outboxtest.BrokerFixture {
+		return &outboxtest.BrokerFixture{
+			Publisher:  newPublisher(t, amqpbroker.Options{Topology: topo}),
+			Subscriber: newSubscriber(t, amqpbroker.SubscriberOptions{Topology: topo}),
+			Ordered:    true,
+		}
+	})
+}
+
+// rawChannel opens an amqp091 channel of its own, to look at the broker's
+// state behind the publisher's back.
+func rawChannel(t testing.TB) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(testenv.AMQPURL(t))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("channel: %v", err)
+	}
+	return ch
+}
+
+func event(t testing.TB, eventType, agg string, n int) core.Event {
+	t.Helper()
+	ev, err := core.NewEvent("order", agg, eventType, map[string]int{"n": n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.ID = uuid.Must(uuid.NewV7()).String()
+	ev.Headers = map[string]string{"tenant": "acme", "traceparent": fmt.Sprintf("00-%032d-%016d-01", n, n)}
+	return ev
+}
+
+// get fetches one message from queue with basic.get, polling until one is
+// there.
+func get(t testing.TB, ch *amqp.Channel, queue string) amqp.Delivery {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("get from %s: %v", queue, err)
+		}
+		if ok {
+			return d
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no message in %s", queue)
+	return amqp.Delivery{}
+}
+
+// The publisher declares the Consumers' durable queues, so an event
+// published before any consumer subscribed waits in its queue: persistent,
+// with the event's headers as AMQP string headers.
+func TestDurableTopologyPersistentMessagesAndHeaders(t *testing.T) {
+	t.Parallel()
+	consumer := "c-" + testenv.RandomSuffix()
+	et := "order.created." + testenv.RandomSuffix()
+	p := newPublisher(t, amqpbroker.Options{Consumers: []string{consumer}})
+	ev := event(t, et, "o-1", 1)
+	if err := p.Publish(t.Context(), []core.Event{ev}); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	ch := rawChannel(t)
+	queue := amqpbroker.QueueName(consumer, et)
+	d := get(t, ch, queue)
+	if d.DeliveryMode != amqp.Persistent {
+		t.Errorf("DeliveryMode = %d, want persistent (%d)", d.DeliveryMode, amqp.Persistent)
+	}
+	if d.Exchange != et {
+		t.Errorf("exchange = %q, want %q", d.Exchange, et)
+	}
+	for k, want := range ev.MessageHeaders() {
+		v, ok := d.Headers[k].(string)
+		if !ok || v != want {
+			t.Errorf("AMQP header %q = %#v, want string %q", k, d.Headers[k], want)
+		}
+	}
+	if got := amqpbroker.Table(d.Headers)[core.HeaderEventID]; got != ev.ID {
+		t.Errorf("Table()[event_id] = %q, want %q", got, ev.ID)
+	}
+	if string(d.Body) != string(ev.Payload) {
+		t.Errorf("body = %s, want %s", d.Body, ev.Payload)
+	}
+	// Redeclaring as non-durable fails with PRECONDITION_FAILED (406) only
+	// if the broker holds them as durable. Each failure closes the channel.
+	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); !isPrecondition(err) {
+		t.Errorf("queue %s is not durable: redeclare as transient = %v", queue, err)
+	}
+	ch = rawChannel(t)
+	if err := ch.ExchangeDeclare(et, amqpbroker.ExchangeFanout, false, false, false, false, nil); !isPrecondition(err) {
+		t.Errorf("exchange %s is not durable: redeclare as transient = %v", et, err)
+	}
+	ch = rawChannel(t)
+	ch.QueueDelete(queue, false, false, false)
+	ch.ExchangeDelete(et, false, false)
+}
+
+func isPrecondition(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed
+}
+
+// A publish succeeds only when the broker confirmed it: a queue that
+// rejects publishes when full makes RabbitMQ nack, and the nacked events are
+// reported as failed, the later ones of the same aggregate not even sent.
+func TestNackedPublishFails(t *testing.T) {
+	t.Parallel()
+	et := "order.full." + testenv.RandomSuffix()
+	ch := rawChannel(t)
+	queue := "full-" + testenv.RandomSuffix()
+	if err := ch.ExchangeDeclare(et, amqpbroker.ExchangeFanout, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, false, true, false, false, amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, "", et, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.QueueDelete(queue, false, false, false); ch.ExchangeDelete(et, false, false) })
+
+	p := newPublisher(t, amqpbroker.Options{})
+	evs := []core.Event{event(t, et, "a", 0), event(t, et, "a", 1), event(t, et, "a", 2), event(t, et, "b", 3)}
+	err := p.Publish(t.Context(), evs)
+	var be *core.BatchError
+	if !errors.As(err, &be) {
+		t.Fatalf("Publish = %v, want a *core.BatchError", err)
+	}
+	// The queue takes exactly one message; which one depends on which
+	// aggregate goes first, but a's order is kept either way.
+	if be.Failed() != 3 {
+		t.Fatalf("%d failed, want 3: %v", be.Failed(), be.Errs)
+	}
+	if !errors.Is(err, amqpbroker.ErrPublish) {
+		t.Errorf("error %v does not wrap ErrPublish", err)
+	}
+	if be.Errs[0] == nil {
+		// a#0 was taken, so a#1 was nacked and a#2 not sent.
+		if !errors.Is(be.Errs[1], amqpbroker.ErrPublish) || !errors.Is(be.Errs[2], amqpbroker.ErrEarlierFailed) || be.Errs[3] == nil {
+			t.Errorf("errors = %v", be.Errs)
+		}
+	} else if !errors.Is(be.Errs[1], amqpbroker.ErrEarlierFailed) || !errors.Is(be.Errs[2], amqpbroker.ErrEarlierFailed) || be.Errs[3] != nil {
+		t.Errorf("errors = %v", be.Errs)
+	}
+	if n := get(t, rawChannel(t), queue); n.Body == nil {
+		t.Error("the confirmed message is not in the queue")
+	}
+}
+
+// With a direct exchange, the routing key is the event type and a
+// subscriber receives only its own topic.
+func TestDirectExchangeRoutesByEventType(t *testing.T) {
+	t.Parallel()
+	topo := amqpbroker.Topology{Exchange: "txoutbox.direct." + testenv.RandomSuffix(), ExchangeType: amqpbroker.ExchangeDirect}
+	p := newPublisher(t, amqpbroker.Options{Topology: topo})
+	sub := newSubscriber(t, amqpbroker.SubscriberOptions{Topology: topo})
+	created, paid := "order.created", "order.paid"
+	gotCreated := receive(t, sub, created)
+	gotPaid := receive(t, sub, paid)
+	evs := []core.Event{event(t, created, "o-1", 0), event(t, paid, "o-1", 1), event(t, created, "o-2", 2)}
+	if err := p.Publish(t.Context(), evs); err != nil {
+		t.Fatal(err)
+	}
+	c := gotCreated.wait(t, 2)
+	pd := gotPaid.wait(t, 1)
+	// o-1 and o-2 are different aggregates, published in parallel.
+	if got := gotCreated.ids(); len(c) != 2 || got[evs[0].ID] != 1 || got[evs[2].ID] != 1 {
+		t.Errorf("order.created got %v", got)
+	}
+	if pd[0].Metadata.Get(core.HeaderEventID) != evs[1].ID {
+		t.Errorf("order.paid got %v", pd)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := gotCreated.count() + gotPaid.count(); n != 3 {
+		t.Errorf("received %d messages, want 3", n)
+	}
+	ch := rawChannel(t)
+	ch.ExchangeDelete(topo.Exchange, false, false)
+}
+
+// Consumers with the same name share a queue (a consumer group): each
+// event goes to one of them; a different name gets its own copy.
+func TestConsumerGroups(t *testing.T) {
+	t.Parallel()
+	et := "order.grouped." + testenv.RandomSuffix()
+	group := "g-" + testenv.RandomSuffix()
+	p := newPublisher(t, amqpbroker.Options{})
+	a := receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{Consumer: group, Prefetch: 1}), et)
+	b := receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{Consumer: group, Prefetch: 1}), et)
+	other := receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{}), et)
+	var evs []core.Event
+	for i := range 20 {
+		evs = append(evs, event(t, et, fmt.Sprint("o-", i), i))
+	}
+	if err := p.Publish(t.Context(), evs); err != nil {
+		t.Fatal(err)
+	}
+	other.wait(t, 20)
+	deadline := time.Now().Add(20 * time.Second)
+	for a.count()+b.count() < 20 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if a.count()+b.count() != 20 {
+		t.Fatalf("group received %d+%d, want 20 in all", a.count(), b.count())
+	}
+	time.Sleep(200 * time.Millisecond)
+	if a.count()+b.count() != 20 || other.count() != 20 {
+		t.Errorf("group %d+%d, other %d; want 20 and 20", a.count(), b.count(), other.count())
+	}
+}
+
+func TestInvalidOptions(t *testing.T) {
+	for name, opts := range map[string]amqpbroker.Options{
+		"no URL":             {},
+		"type, no exchange":  {URL: "amqp://x", Topology: amqpbroker.Topology{ExchangeType: "topic"}},
+		"headers exchange":   {URL: "amqp://x", Topology: amqpbroker.Topology{Exchange: "x", ExchangeType: "headers"}},
+		"negative parallels": {URL: "amqp://x", Concurrency: -1},
+	} {
+		if _, err := amqpbroker.NewPublisher(opts); !errors.Is(err, amqpbroker.ErrInvalidOptions) {
+			t.Errorf("%s: NewPublisher = %v, want ErrInvalidOptions", name, err)
+		}
+	}
+	if _, err := amqpbroker.NewSubscriber(amqpbroker.SubscriberOptions{URL: "amqp://x"}); !errors.Is(err, amqpbroker.ErrInvalidOptions) {
+		t.Errorf("NewSubscriber without Consumer = %v, want ErrInvalidOptions", err)
+	}
+}
+
+func TestPublishEmptyTopicIsInvalid(t *testing.T) {
+	t.Parallel()
+	p := newPublisher(t, amqpbroker.Options{Topic: func(*core.Event) string { return "" }})
+	err := p.Publish(t.Context(), []core.Event{event(t, "x", "a", 0)})
+	if !errors.Is(err, core.ErrInvalidEvent) {
+		t.Fatalf("Publish = %v, want ErrInvalidEvent", err)
+	}
+}
+
+// received gathers one subscription's messages, acking each.
+type received struct {
+	mu   sync.Mutex
+	msgs []*message.Message
+}
+
+func receive(t testing.TB, sub message.Subscriber, topic string) *received {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatalf("subscribe %s: %v", topic, err)
+	}
+	r := &received{}
+	go func() {
+		for m := range ch {
+			m.Ack()
+			r.mu.Lock()
+			r.msgs = append(r.msgs, m)
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+func (r *received) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
+func (r *received) ids() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]int{}
+	for _, m := range r.msgs {
+		out[m.Metadata.Get(core.HeaderEventID)]++
+	}
+	return out
+}
+
+// wait waits until n messages arrived and returns them.
+func (r *received) wait(t testing.TB, n int) []*message.Message {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		r.mu.Lock()
+		if len(r.msgs) >= n {
+			out := append([]*message.Message(nil), r.msgs...)
+			r.mu.Unlock()
+			return out
+		}
+		r.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("received %d of %d messages", r.count(), n)
+	return nil
+}
+
+// waitIDs waits until every id arrived at least once.
+func (r *received) waitIDs(t testing.TB, ids []string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		got := r.ids()
+		missing := 0
+		for _, id := range ids {
+			if got[id] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events never arrived", missing, len(ids))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
