@@ -20,8 +20,15 @@ import (
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
-// quiet keeps watermill's per-connection info logs out of test output.
-var quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+// quiet keeps watermill's logs (per-connection info, and an error with a
+// stack trace for every re-dial during outages) out of test output; set
+// TXOUTBOX_TEST_LOG=1 to see them.
+var quiet = func() *slog.Logger {
+	if os.Getenv("TXOUTBOX_TEST_LOG") != "" {
+		return slog.Default()
+	}
+	return slog.New(slog.DiscardHandler)
+}()
 
 // newPublisher connects a publisher to the test RabbitMQ and closes it when
 // the test ends.

@@ -1,0 +1,111 @@
+package amqpbroker_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+
+	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+)
+
+// Tests named TestOutage* stop the shared RabbitMQ node; make test runs them
+// in a serial step of their own (go test -run Outage -p 1), and the normal
+// step skips them (-skip Outage).
+
+// fastReconnect re-dials every 100-500ms, so that tests do not wait for
+// watermill-amqp's default backoff (up to 60s).
+var fastReconnect = &wamqp.ReconnectConfig{
+	BackoffInitialInterval:     100 * time.Millisecond,
+	BackoffRandomizationFactor: 0.5,
+	BackoffMultiplier:          1.5,
+	BackoffMaxInterval:         500 * time.Millisecond,
+}
+
+// rabbitDown stops the RabbitMQ application (the node stays up, so the CLI
+// can start it again) and makes sure it comes back when the test ends, even
+// when it fails halfway.
+func rabbitDown(t *testing.T) (up func()) {
+	t.Helper()
+	testenv.RabbitMQCtl(t, "stop_app")
+	started := false
+	up = func() {
+		if started {
+			return
+		}
+		started = true
+		testenv.RabbitMQCtl(t, "start_app")
+		testenv.RabbitMQCtl(t, "await_startup")
+	}
+	t.Cleanup(up)
+	return up
+}
+
+// A publisher and a subscriber outlive a broker restart: while RabbitMQ is
+// down every publish fails (nothing is reported as published), and after it
+// is back both reconnect and every event arrives.
+func TestOutagePublisherReconnects(t *testing.T) {
+	et := "order.outage." + testenv.RandomSuffix()
+	consumer := "outage-" + testenv.RandomSuffix()
+	p := newPublisher(t, amqpbroker.Options{Consumers: []string{consumer}, Reconnect: fastReconnect})
+	sub := newSubscriber(t, amqpbroker.SubscriberOptions{Consumer: consumer, Reconnect: fastReconnect})
+	got := receive(t, sub, et)
+
+	batch := func(name string, n int) []core.Event {
+		evs := make([]core.Event, n)
+		for i := range evs {
+			evs[i] = event(t, et, fmt.Sprintf("%s-%d", name, i%3), i)
+		}
+		return evs
+	}
+	before, during := batch("before", 10), batch("during", 10)
+	if err := p.Publish(t.Context(), before); err != nil {
+		t.Fatalf("Publish before the outage: %v", err)
+	}
+	got.waitIDs(t, ids(before), 30*time.Second)
+
+	up := rabbitDown(t)
+	// The connection's close notification may lag the stop by a moment;
+	// every attempt must fail all the same.
+	for i := range 3 {
+		err := p.Publish(t.Context(), during)
+		var be *core.BatchError
+		if !errors.As(err, &be) || be.Failed() != len(during) {
+			t.Fatalf("attempt %d while down: Publish = %v, want all %d events failed", i, err, len(during))
+		}
+		if !errors.Is(err, amqpbroker.ErrNotConnected) && !errors.Is(err, amqpbroker.ErrPublish) {
+			t.Errorf("attempt %d while down: %v wraps neither ErrNotConnected nor ErrPublish", i, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	up()
+
+	deadline := time.Now().Add(60 * time.Second)
+	var err error
+	for {
+		if err = p.Publish(t.Context(), during); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Publish still fails 60s after the broker came back: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	after := batch("after", 10)
+	if err := p.Publish(t.Context(), after); err != nil {
+		t.Fatalf("Publish after recovery: %v", err)
+	}
+	got.waitIDs(t, append(ids(during), ids(after)...), 60*time.Second)
+}
+
+func ids(evs []core.Event) []string {
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = ev.ID
+	}
+	return out
+}
