@@ -1,0 +1,324 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txoutbox/txoutbox/core"
+)
+
+// DB is what NewSQL needs from a database handle. *sql.DB and *sqlx.DB
+// satisfy it.
+type DB interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// sqlxBeginner is the part of *sqlx.DB that lets handlers use Txx.
+type sqlxBeginner interface {
+	BeginTxx(ctx context.Context, opts *sql.TxOptions) (*sqlx.Tx, error)
+}
+
+// SQLOptions configures NewSQL.
+type SQLOptions struct {
+	// Dialect is "postgres" or "sqlite". Empty detects it from the handle:
+	// the driver name of a *sqlx.DB, the driver type of a *sql.DB (pgx, pq,
+	// modernc.org/sqlite, mattn/go-sqlite3).
+	Dialect string
+	// Table is the inbox table, optionally schema-qualified. Default
+	// "processed_events".
+	Table string
+	// TxOptions are passed to BeginTx. Default nil: the database's default
+	// isolation (READ COMMITTED on PostgreSQL), under which a concurrent
+	// duplicate waits for the first delivery's transaction and then skips.
+	// Under REPEATABLE READ or SERIALIZABLE it fails with a serialization
+	// error instead, which the router turns into a redelivery that then
+	// skips: still one effect, one more round trip.
+	TxOptions *sql.TxOptions
+	// BusyTimeout bounds how long Process retries on SQLite when the
+	// database is locked by another writer before the handler ran (the
+	// connection's own busy_timeout pragma is the first line; this covers
+	// a DSN without it). Default 30s. Unused on PostgreSQL.
+	BusyTimeout time.Duration
+	// Logger receives warnings about the configuration. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultTable is the default inbox table.
+const DefaultTable = "processed_events"
+
+// SQL is a core.Inbox on database/sql, for PostgreSQL and SQLite. It also
+// deletes old records (DeleteProcessed) for Cleanup.
+type SQL struct {
+	db     DB
+	sqlx   sqlxBeginner // nil unless db is a *sqlx.DB
+	q      queries
+	opts   SQLOptions
+	sqlite bool
+}
+
+var _ core.Inbox = (*SQL)(nil)
+
+// NewSQL returns an inbox that records processed events in opts.Table
+// through db. It does not create the table: see Migrate.
+func NewSQL(db DB, opts SQLOptions) (*SQL, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: inbox.NewSQL needs a database handle", core.ErrInvalidOptions)
+	}
+	if opts.BusyTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative inbox.SQLOptions.BusyTimeout", core.ErrInvalidOptions)
+	}
+	if opts.BusyTimeout == 0 {
+		opts.BusyTimeout = 30 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	if opts.Dialect == "" {
+		opts.Dialect = detectDialect(db)
+		if opts.Dialect == "" {
+			return nil, fmt.Errorf("%w: inbox.NewSQL cannot tell the database of %T; set SQLOptions.Dialect to \"postgres\" or \"sqlite\"", core.ErrInvalidOptions, db)
+		}
+	}
+	fl, err := flavorByName(opts.Dialect)
+	if err != nil {
+		return nil, err
+	}
+	q, err := buildQueries(fl, opts.Table)
+	if err != nil {
+		return nil, err
+	}
+	s := &SQL{db: db, q: q, opts: opts, sqlite: fl == flavorSQLite}
+	if b, ok := db.(sqlxBeginner); ok {
+		s.sqlx = b
+	}
+	return s, nil
+}
+
+// Table returns the inbox table's name, as configured.
+func (s *SQL) Table() string { return s.opts.Table }
+
+// Dialect returns "postgres" or "sqlite".
+func (s *SQL) Dialect() string { return s.q.flavor.String() }
+
+// Migrate creates the inbox table and its processed_at index if they do not
+// exist. It is idempotent.
+func (s *SQL) Migrate(ctx context.Context) error {
+	for _, stmt := range s.q.ddl {
+		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("inbox: migrate %s: %w", s.opts.Table, err)
+		}
+	}
+	return nil
+}
+
+// CheckSQLite warns through the logger when db is SQLite and the connection
+// it gets has no busy_timeout: then a second writer fails at once with
+// "database is locked" instead of waiting, which Process absorbs only for its
+// own first statement. Set it in the DSN for every connection, e.g.
+// "file:app.db?_pragma=busy_timeout(10000)" with modernc.org/sqlite. It
+// returns the timeout found (0 on PostgreSQL).
+func (s *SQL) CheckSQLite(ctx context.Context) (time.Duration, error) {
+	if !s.sqlite {
+		return 0, nil
+	}
+	var ms int64
+	if err := s.db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err != nil {
+		return 0, fmt.Errorf("inbox: read busy_timeout: %w", err)
+	}
+	if ms == 0 {
+		s.opts.Logger.Warn("txoutbox: SQLite connection has no busy_timeout; concurrent writers fail with SQLITE_BUSY instead of waiting",
+			"hint", "add _pragma=busy_timeout(10000) to the DSN")
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+type txValue struct {
+	tx  *sql.Tx
+	txx *sqlx.Tx
+}
+
+type txKey struct{}
+
+// Tx returns the transaction that the inbox opened for the handler whose
+// context ctx is, or nil outside such a handler. Write the handler's effects
+// through it, not through the *sql.DB: only then do they commit or roll back
+// with the inbox record (and, on SQLite, a second connection would wait for
+// the lock this transaction holds).
+func Tx(ctx context.Context) *sql.Tx {
+	v, _ := ctx.Value(txKey{}).(*txValue)
+	if v == nil {
+		return nil
+	}
+	return v.tx
+}
+
+// Txx is Tx for sqlx: the *sqlx.Tx when the inbox was made on a *sqlx.DB,
+// and nil otherwise (a *sqlx.Tx needs the driver name that only *sqlx.DB
+// knows).
+func Txx(ctx context.Context) *sqlx.Tx {
+	v, _ := ctx.Value(txKey{}).(*txValue)
+	if v == nil {
+		return nil
+	}
+	return v.txx
+}
+
+// ContextWithTx returns ctx carrying tx as Tx and Txx find it, for testing
+// a handler without the middleware. txx may be nil.
+func ContextWithTx(ctx context.Context, tx *sql.Tx, txx *sqlx.Tx) context.Context {
+	if txx != nil && tx == nil {
+		tx = txx.Tx
+	}
+	return context.WithValue(ctx, txKey{}, &txValue{tx: tx, txx: txx})
+}
+
+// Process implements core.Inbox: it records (consumer, eventID) and runs fn
+// in one transaction, which fn finds with Tx or Txx. It returns (false, nil)
+// without running fn when the pair was recorded before. An error or panic of
+// fn rolls the transaction back; the error is returned as it is, the panic
+// goes on.
+func (s *SQL) Process(ctx context.Context, consumer, eventID string, fn func(ctx context.Context) error) (processed bool, err error) {
+	if consumer == "" {
+		return false, fmt.Errorf("%w: inbox: empty consumer", core.ErrInvalidOptions)
+	}
+	if eventID == "" {
+		return false, core.ErrMissingEventID
+	}
+	v, inserted, err := s.record(ctx, consumer, eventID)
+	if err != nil {
+		return false, err
+	}
+	if !inserted {
+		// Already processed (and committed) by an earlier delivery. Nothing
+		// was written, so the rollback only ends the transaction.
+		_ = v.tx.Rollback()
+		return false, nil
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = v.tx.Rollback() // fn panicked
+		}
+	}()
+	if err := fn(context.WithValue(ctx, txKey{}, v)); err != nil {
+		done = true
+		if rerr := v.tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+			return false, errors.Join(err, fmt.Errorf("inbox: rollback: %w", rerr))
+		}
+		return false, err
+	}
+	done = true
+	if err := v.tx.Commit(); err != nil {
+		// Unknown outcome at worst (connection lost during COMMIT): the
+		// redelivery then either skips or processes, never both.
+		return false, fmt.Errorf("inbox: commit event %s for %s: %w", eventID, consumer, err)
+	}
+	return true, nil
+}
+
+// record begins the transaction and inserts the record, retrying on SQLite
+// while another writer holds the lock. Retrying is safe because nothing has
+// run yet; later statements of the transaction cannot be refused that way,
+// since the successful INSERT already holds SQLite's write lock.
+func (s *SQL) record(ctx context.Context, consumer, eventID string) (*txValue, bool, error) {
+	start := time.Now()
+	wait := time.Millisecond
+	for {
+		v, err := s.begin(ctx)
+		if err != nil {
+			return nil, false, err
+		}
+		res, err := v.tx.ExecContext(ctx, s.q.insert, consumer, eventID)
+		if err == nil {
+			n, err := res.RowsAffected()
+			if err != nil {
+				_ = v.tx.Rollback()
+				return nil, false, fmt.Errorf("inbox: rows affected: %w", err)
+			}
+			return v, n == 1, nil
+		}
+		_ = v.tx.Rollback()
+		if !s.sqlite || !isBusy(err) || time.Since(start) >= s.opts.BusyTimeout {
+			return nil, false, fmt.Errorf("inbox: record event %s for %s: %w", eventID, consumer, err)
+		}
+		// Jittered, so that waiting writers do not wake in lockstep.
+		d := wait/2 + rand.N(wait/2+1)
+		select {
+		case <-ctx.Done():
+			return nil, false, fmt.Errorf("inbox: record event %s for %s: %w (after %w)", eventID, consumer, ctx.Err(), err)
+		case <-time.After(d):
+		}
+		wait = min(2*wait, 25*time.Millisecond)
+	}
+}
+
+func (s *SQL) begin(ctx context.Context) (*txValue, error) {
+	if s.sqlx != nil {
+		txx, err := s.sqlx.BeginTxx(ctx, s.opts.TxOptions)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: begin: %w", err)
+		}
+		return &txValue{tx: txx.Tx, txx: txx}, nil
+	}
+	tx, err := s.db.BeginTx(ctx, s.opts.TxOptions)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: begin: %w", err)
+	}
+	return &txValue{tx: tx}, nil
+}
+
+// DeleteProcessed deletes at most limit records processed before the given
+// time, of every consumer, and returns how many it deleted. Cleanup calls it
+// in a loop.
+func (s *SQL) DeleteProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("%w: DeleteProcessed limit %d", core.ErrInvalidOptions, limit)
+	}
+	res, err := s.db.ExecContext(ctx, s.q.delete, s.q.timeArg(before), limit)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: delete processed before %s: %w", before.Format(time.RFC3339), err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("inbox: rows affected: %w", err)
+	}
+	return n, nil
+}
+
+// Processed reports whether (consumer, eventID) is recorded, for tests and
+// tools.
+func (s *SQL) Processed(ctx context.Context, consumer, eventID string) (bool, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, s.q.exists, consumer, eventID).Scan(&n); err != nil {
+		return false, fmt.Errorf("inbox: look up event %s for %s: %w", eventID, consumer, err)
+	}
+	return n > 0, nil
+}
+
+// isBusy reports SQLITE_BUSY and SQLITE_LOCKED from modernc.org/sqlite
+// (Code method) or mattn/go-sqlite3 (message text), without importing either.
+func isBusy(err error) bool {
+	var coded interface{ Code() int }
+	if errors.As(err, &coded) {
+		if c := coded.Code() & 0xff; c == 5 || c == 6 {
+			return true
+		}
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "SQLITE_BUSY") || strings.Contains(msg, "database is locked") ||
+		strings.Contains(msg, "database table is locked")
+}
