@@ -1,0 +1,133 @@
+package sqlxoutbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+)
+
+// Stats implements core.StatsReader: pending and dead counts, overall and
+// per event type, and the age of the oldest pending event by the database's
+// clock. It reads every unpublished row; call it every few seconds at most.
+func (o *Outbox) Stats(ctx context.Context) (core.Stats, error) {
+	rows, err := o.db.QueryContext(ctx, o.q.Stats())
+	if err != nil {
+		return core.Stats{}, fmt.Errorf("txoutbox/sqlx: stats: %w", err)
+	}
+	s, err := dialect.CollectStats(rows)
+	if err != nil {
+		return core.Stats{}, fmt.Errorf("txoutbox/sqlx: stats: %w", err)
+	}
+	return s, nil
+}
+
+// DeletePublished implements core.Cleaner: it deletes at most limit events
+// published before the given time, oldest first. Pending and dead events are
+// never deleted. On SQLite, before is truncated to milliseconds.
+func (o *Outbox) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("%w: delete limit %d", core.ErrInvalidOptions, limit)
+	}
+	query, args := o.q.DeletePublished(before, limit)
+	return o.exec(ctx, "delete published events", query, args)
+}
+
+// ListDead returns one page of the dead-lettered events matching f (an empty
+// filter lists all), in Seq order, with their LastError and AttemptCount.
+func (o *Outbox) ListDead(ctx context.Context, f DeadFilter, p Page) ([]core.Event, error) {
+	query, args, err := o.q.ListDead(f, p)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := o.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("txoutbox/sqlx: list dead events: %w", err)
+	}
+	evs, err := dialect.CollectEvents(rows)
+	if err != nil {
+		return nil, fmt.Errorf("txoutbox/sqlx: list dead events: %w", err)
+	}
+	return evs, nil
+}
+
+// RetryDead re-queues the dead events matching f (by Seqs, EventIDs,
+// EventType, DeadBefore, or All) with a fresh budget of attempts, due now,
+// and returns how many it re-queued. An empty filter without All is refused
+// with dialect.ErrInvalidFilter.
+func (o *Outbox) RetryDead(ctx context.Context, f DeadFilter) (int64, error) {
+	query, args, err := o.q.RetryDead(f)
+	if err != nil {
+		return 0, err
+	}
+	return o.exec(ctx, "retry dead events", query, args)
+}
+
+// PurgeDead deletes the dead events matching f and returns how many it
+// deleted. An empty filter without All is refused with
+// dialect.ErrInvalidFilter.
+func (o *Outbox) PurgeDead(ctx context.Context, f DeadFilter) (int64, error) {
+	query, args, err := o.q.PurgeDead(f)
+	if err != nil {
+		return 0, err
+	}
+	return o.exec(ctx, "purge dead events", query, args)
+}
+
+// Replay makes the published events matching f pending again, so that the
+// relay publishes them once more under their original IDs, and returns how
+// many it re-queued. Only events still in the table (not yet removed by
+// cleanup) can be replayed. An empty filter without All is refused with
+// dialect.ErrInvalidFilter.
+func (o *Outbox) Replay(ctx context.Context, f ReplayFilter) (int64, error) {
+	query, args, err := o.q.Replay(f)
+	if err != nil {
+		return 0, err
+	}
+	return o.exec(ctx, "replay events", query, args)
+}
+
+// Get returns the event with the given ID, with its delivery bookkeeping, or
+// an error wrapping ErrNotFound. event_id has no index (see the migrations),
+// so Get scans the table: it is for operators and tests.
+func (o *Outbox) Get(ctx context.Context, eventID string) (core.Event, error) {
+	query, args, err := o.q.GetByEventID(eventID)
+	if err != nil {
+		return core.Event{}, err
+	}
+	return o.getOne(ctx, query, args, "event "+eventID)
+}
+
+// GetBySeq returns the event at the given Seq, or an error wrapping
+// ErrNotFound.
+func (o *Outbox) GetBySeq(ctx context.Context, seq int64) (core.Event, error) {
+	query, args := o.q.GetBySeq(seq)
+	return o.getOne(ctx, query, args, fmt.Sprintf("event at seq %d", seq))
+}
+
+func (o *Outbox) getOne(ctx context.Context, query string, args []any, what string) (core.Event, error) {
+	ev, err := dialect.ScanEvent(o.db.QueryRowContext(ctx, query, args...).Scan)
+	if errors.Is(err, sql.ErrNoRows) {
+		return core.Event{}, fmt.Errorf("%w: %s", ErrNotFound, what)
+	}
+	if err != nil {
+		return core.Event{}, fmt.Errorf("txoutbox/sqlx: get %s: %w", what, err)
+	}
+	return ev, nil
+}
+
+func (o *Outbox) exec(ctx context.Context, what, query string, args []any) (int64, error) {
+	res, err := o.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, fmt.Errorf("txoutbox/sqlx: %s: %w", what, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("txoutbox/sqlx: %s: %w", what, err)
+	}
+	return n, nil
+}

@@ -1,0 +1,268 @@
+// Package sqlxoutbox is txoutbox's storage adapter for database/sql and
+// github.com/jmoiron/sqlx, on PostgreSQL and SQLite.
+//
+// An Outbox writes events in the caller's transaction (Enqueue) and is the
+// core.Store the relay claims them from. It also reads Stats, deletes old
+// published events (core.Cleaner), and lists, re-queues, purges and replays
+// events for operators. The SQL comes from package dialect; create the tables
+// with dialect.Migrate.
+//
+// # PostgreSQL
+//
+// Use the pgx driver (github.com/jackc/pgx/v5/stdlib, driver name "pgx").
+// A claim is a transaction holding SELECT ... FOR UPDATE SKIP LOCKED row
+// locks until the outcome is committed, so any number of relays may run
+// against one table; a crashed relay's locks go with its connection. Each
+// relay worker holds one pooled connection while it publishes a batch: size
+// the pool for the producers plus the relay's Concurrency.
+//
+// # SQLite
+//
+// Use modernc.org/sqlite (driver name "sqlite"), and open the database with
+// WAL and a busy timeout, and with immediate transactions, so that writers
+// queue instead of failing with SQLITE_BUSY:
+//
+//	file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_txlock=immediate
+//
+// SQLite has one writer at a time. A claim is therefore not a transaction but
+// one short UPDATE that stamps a lease (claimed_until) on the rows: producers
+// are not blocked while a slow broker publishes. The Outbox reports a
+// MaxConcurrency of 1, so a relay runs one worker; an abandoned claim becomes
+// claimable again when its lease (Options.ClaimLease) expires.
+package sqlxoutbox
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+)
+
+// ErrNotFound is returned by Get and GetBySeq when no event matches.
+var ErrNotFound = errors.New("txoutbox/sqlx: event not found")
+
+// ErrInvalidOutcome is returned by a claim's Commit for an outcome that names
+// an event twice or one the claim does not hold. The claim is released.
+var ErrInvalidOutcome = errors.New("txoutbox/sqlx: invalid outcome")
+
+// DefaultClaimLease is the default lease of a claim on SQLite.
+const DefaultClaimLease = time.Minute
+
+// Filters of the operator methods, re-exported from package dialect.
+type (
+	// DeadFilter selects dead-lettered events; see dialect.DeadFilter.
+	DeadFilter = dialect.DeadFilter
+	// ReplayFilter selects published events to replay; see
+	// dialect.ReplayFilter.
+	ReplayFilter = dialect.ReplayFilter
+	// Page bounds a listing; see dialect.Page.
+	Page = dialect.Page
+)
+
+// Tx is where Enqueue writes: the caller's transaction. *sql.Tx and *sqlx.Tx
+// satisfy it, and so do *sql.Conn and *sql.DB (and their sqlx wrappers) for
+// writes that need no transaction of their own.
+type Tx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// Options configures an Outbox. Zero fields take their defaults.
+type Options struct {
+	// Dialect of the database. Default: detected from the driver (pgx, lib/pq,
+	// modernc.org/sqlite, mattn/go-sqlite3); New fails when it cannot tell.
+	Dialect dialect.Dialect
+	// Table is the outbox table, validated by dialect.ValidateIdentifier.
+	// Default dialect.DefaultTable.
+	Table string
+	// Notifier is told after each successful Enqueue, typically the
+	// *core.Relay of the same process. The relay copes with hearing of
+	// events before their transaction commits.
+	Notifier core.Notifier
+	// Hooks run on every event before it is written (core.EnqueueHook).
+	Hooks []core.EnqueueHook
+	// ClaimLease is how long a claim keeps its events from other claims on
+	// SQLite before they count as abandoned. It must exceed the longest
+	// publish of a batch. Default DefaultClaimLease. Unused on PostgreSQL,
+	// where the claim's row locks last exactly as long as the claim.
+	ClaimLease time.Duration
+	// Logger receives the adapter's warnings. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Outbox is the outbox table of one database: the producers' Enqueue, the
+// relay's core.Store, and the operators' tools. It is safe for concurrent
+// use.
+type Outbox struct {
+	db   *sql.DB
+	d    dialect.Dialect
+	q    *dialect.Queries
+	opts Options
+	log  *slog.Logger
+}
+
+var (
+	_ core.Store              = (*Outbox)(nil)
+	_ core.StatsReader        = (*Outbox)(nil)
+	_ core.Cleaner            = (*Outbox)(nil)
+	_ core.ConcurrencyLimiter = (*Outbox)(nil)
+)
+
+// New returns the Outbox of a sqlx database; the dialect defaults to the one
+// of db's driver name.
+func New(db *sqlx.DB, opts Options) (*Outbox, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: sqlxoutbox.New needs a *sqlx.DB", core.ErrInvalidOptions)
+	}
+	if opts.Dialect.IsZero() {
+		if d, err := dialect.ByName(db.DriverName()); err == nil {
+			opts.Dialect = d
+		}
+	}
+	return NewDB(db.DB, opts)
+}
+
+// NewDB returns the Outbox of a database/sql database; the dialect defaults
+// to the one of db's driver.
+func NewDB(db *sql.DB, opts Options) (*Outbox, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: sqlxoutbox.NewDB needs a *sql.DB", core.ErrInvalidOptions)
+	}
+	if opts.Dialect.IsZero() {
+		d, err := detect(db)
+		if err != nil {
+			return nil, err
+		}
+		opts.Dialect = d
+	}
+	if opts.ClaimLease < 0 {
+		return nil, fmt.Errorf("%w: negative ClaimLease", core.ErrInvalidOptions)
+	}
+	if opts.ClaimLease == 0 {
+		opts.ClaimLease = DefaultClaimLease
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	q, err := opts.Dialect.Queries(opts.Table)
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{db: db, d: opts.Dialect, q: q, opts: opts, log: opts.Logger}, nil
+}
+
+// detect tells the dialect from the package of the driver's type, which is
+// all database/sql reveals of a driver.
+func detect(db *sql.DB) (dialect.Dialect, error) {
+	t := reflect.TypeOf(db.Driver())
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	pkg := t.PkgPath()
+	switch {
+	case strings.Contains(pkg, "jackc/pgx"), strings.Contains(pkg, "lib/pq"):
+		return dialect.Postgres, nil
+	case strings.Contains(pkg, "sqlite"):
+		return dialect.SQLite, nil
+	}
+	return dialect.Dialect{}, fmt.Errorf("%w: cannot tell the dialect of driver %s; set Options.Dialect", dialect.ErrUnknownDialect, pkg)
+}
+
+// DB returns the database the Outbox uses.
+func (o *Outbox) DB() *sql.DB { return o.db }
+
+// Dialect returns the Outbox's dialect.
+func (o *Outbox) Dialect() dialect.Dialect { return o.d }
+
+// Queries returns the SQL the Outbox runs.
+func (o *Outbox) Queries() *dialect.Queries { return o.q }
+
+// MaxConcurrency implements core.ConcurrencyLimiter: 1 on SQLite (one writer),
+// no limit on PostgreSQL.
+func (o *Outbox) MaxConcurrency() int {
+	if n := o.d.MaxConcurrency(); n > 0 {
+		return n
+	}
+	return math.MaxInt32
+}
+
+// Enqueue writes events in the caller's transaction tx, so that they are
+// published if and only if tx commits. It prepares every event (UUIDv7 ID,
+// validation; errors wrap core.ErrInvalidEvent) and runs the Hooks, then
+// writes them with one multi-row INSERT per dialect.MaxInsertRows events.
+//
+// The IDs, and the Seq and CreatedAt the database assigned, are written back
+// into events: pass a slice (Enqueue(ctx, tx, evs...)) to see them.
+// Enqueue then calls the Notifier, before tx commits.
+func (o *Outbox) Enqueue(ctx context.Context, tx Tx, events ...core.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	if tx == nil {
+		return fmt.Errorf("%w: Enqueue needs a transaction", core.ErrInvalidOptions)
+	}
+	if err := core.RunEnqueueHooks(ctx, events, o.opts.Hooks); err != nil {
+		return err
+	}
+	for start := 0; start < len(events); start += dialect.MaxInsertRows {
+		chunk := events[start:min(start+dialect.MaxInsertRows, len(events))]
+		if err := o.insert(ctx, tx, chunk); err != nil {
+			return err
+		}
+	}
+	if o.opts.Notifier != nil {
+		o.opts.Notifier.Notify()
+	}
+	return nil
+}
+
+type inserted struct {
+	seq     int64
+	created dialect.Time
+}
+
+func (o *Outbox) insert(ctx context.Context, tx Tx, events []core.Event) error {
+	query, args, err := o.q.Insert(events)
+	if err != nil {
+		return err
+	}
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("txoutbox/sqlx: insert %d events: %w", len(events), err)
+	}
+	defer rows.Close()
+	got := make([]inserted, 0, len(events))
+	for rows.Next() {
+		var r inserted
+		if err := rows.Scan(&r.seq, &r.created); err != nil {
+			return fmt.Errorf("txoutbox/sqlx: insert %d events: %w", len(events), err)
+		}
+		got = append(got, r)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("txoutbox/sqlx: insert %d events: %w", len(events), err)
+	}
+	if len(got) != len(events) {
+		return fmt.Errorf("txoutbox/sqlx: insert of %d events returned %d rows", len(events), len(got))
+	}
+	// Ids are assigned in VALUES order; RETURNING order is not promised.
+	slices.SortFunc(got, func(a, b inserted) int { return cmp.Compare(a.seq, b.seq) })
+	for i := range events {
+		events[i].Seq = got[i].seq
+		events[i].CreatedAt = got[i].created.Time
+		events[i].NextAttemptAt = got[i].created.Time
+	}
+	return nil
+}
