@@ -1,0 +1,58 @@
+package snsbroker_test
+
+import (
+	"testing"
+
+	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
+	"github.com/txoutbox/txoutbox/core"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+// fixtureKind is one way of running the conformance suite on goaws.
+type fixtureKind struct {
+	raw   bool // RawMessageDelivery on the SQS subscription
+	fifo  bool // FIFO topic and queue
+	batch bool // PublishBatch through front, else Publish to goaws
+}
+
+func newFixture(k fixtureKind) outboxtest.NewBrokerFunc {
+	return func(t *testing.T) *outboxtest.BrokerFixture {
+		g := newGoaws(t)
+		topic := func(eventType string) string {
+			if k.fifo {
+				return snsbroker.TopicName(eventType) + ".fifo"
+			}
+			return snsbroker.TopicName(eventType)
+		}
+		client := g.sns
+		opts := snsbroker.Options{CreateTopics: true, MaxBatchSize: 1, Topic: func(ev *core.Event) string { return topic(ev.EventType) }}
+		if k.batch {
+			client = newSNSClient(t, newFront(t, g.endpoint).URL())
+			opts.MaxBatchSize = 0 // default: 10
+		}
+		pub, err := snsbroker.New(client, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub := &Subscriber{t: t, g: g, raw: k.raw}
+		t.Cleanup(func() { sub.Close() })
+		return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub, Topic: topic, Ordered: k.fifo}
+	}
+}
+
+func TestConformance(t *testing.T) {
+	for name, k := range map[string]fixtureKind{
+		"Envelope":          {},
+		"Raw":               {raw: true},
+		"FIFO":              {raw: true, fifo: true},
+		"Batch":             {batch: true},
+		"BatchRaw":          {batch: true, raw: true},
+		"BatchFIFO":         {batch: true, fifo: true, raw: true},
+		"BatchFIFOEnvelope": {batch: true, fifo: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			outboxtest.RunPublisher(t, newFixture(k))
+		})
+	}
+}

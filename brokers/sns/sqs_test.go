@@ -1,0 +1,362 @@
+package snsbroker_test
+
+// The tests read what SNS delivered from SQS queues. goaws v0.4.5 speaks
+// only the query protocol (it routes on the form field Action), while
+// aws-sdk-go-v2/service/sqs has spoken JSON 1.0 since v1.29 (go.mod holds
+// v1.53.0, shared with the rest of the module, so an older version is not an
+// option). So this file is a small SQS query-protocol client over plain
+// HTTP, and a Watermill message.Subscriber on top of it.
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+
+	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+)
+
+// sqsQuery is an SQS client speaking the query protocol.
+type sqsQuery struct {
+	endpoint string
+	http     *http.Client
+}
+
+type sqsMessage struct {
+	MessageID     string
+	ReceiptHandle string
+	Body          string
+	Attributes    map[string]string // message attributes (raw delivery)
+}
+
+func (q *sqsQuery) call(ctx context.Context, form url.Values, out any) error {
+	form.Set("Version", "2012-11-05")
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, q.endpoint, strings.NewReader(form.Encode()))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := q.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("sqs %s: %w", form.Get("Action"), err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("sqs %s: read: %w", form.Get("Action"), err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("sqs %s: %s: %s", form.Get("Action"), resp.Status, body)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := xml.Unmarshal(body, out); err != nil {
+		return fmt.Errorf("sqs %s: decode %q: %w", form.Get("Action"), body, err)
+	}
+	return nil
+}
+
+// createQueue makes a queue and returns its URL and ARN.
+func (q *sqsQuery) createQueue(ctx context.Context, name string) (queueURL, arn string, err error) {
+	var cr struct {
+		QueueURL string `xml:"CreateQueueResult>QueueUrl"`
+	}
+	if err := q.call(ctx, url.Values{"Action": {"CreateQueue"}, "QueueName": {name}}, &cr); err != nil {
+		return "", "", err
+	}
+	var ar struct {
+		Attrs []struct {
+			Name  string `xml:"Name"`
+			Value string `xml:"Value"`
+		} `xml:"GetQueueAttributesResult>Attribute"`
+	}
+	if err := q.call(ctx, url.Values{"Action": {"GetQueueAttributes"}, "QueueUrl": {cr.QueueURL}, "AttributeName.1": {"QueueArn"}}, &ar); err != nil {
+		return "", "", err
+	}
+	for _, a := range ar.Attrs {
+		if a.Name == "QueueArn" {
+			return cr.QueueURL, a.Value, nil
+		}
+	}
+	return "", "", fmt.Errorf("sqs: no QueueArn for %s", name)
+}
+
+func (q *sqsQuery) receive(ctx context.Context, queueURL string, max int) ([]sqsMessage, error) {
+	var rr struct {
+		Messages []struct {
+			MessageID     string `xml:"MessageId"`
+			ReceiptHandle string `xml:"ReceiptHandle"`
+			Body          string `xml:"Body"`
+			Attrs         []struct {
+				Name        string `xml:"Name"`
+				DataType    string `xml:"Value>DataType"`
+				StringValue string `xml:"Value>StringValue"`
+			} `xml:"MessageAttribute"`
+		} `xml:"ReceiveMessageResult>Message"`
+	}
+	form := url.Values{"Action": {"ReceiveMessage"}, "QueueUrl": {queueURL}, "MaxNumberOfMessages": {strconv.Itoa(max)},
+		"MessageAttributeName.1": {"All"}}
+	if err := q.call(ctx, form, &rr); err != nil {
+		return nil, err
+	}
+	out := make([]sqsMessage, len(rr.Messages))
+	for i, m := range rr.Messages {
+		attrs := map[string]string{}
+		for _, a := range m.Attrs {
+			attrs[a.Name] = a.StringValue
+		}
+		out[i] = sqsMessage{MessageID: m.MessageID, ReceiptHandle: m.ReceiptHandle, Body: m.Body, Attributes: attrs}
+	}
+	return out, nil
+}
+
+func (q *sqsQuery) delete(ctx context.Context, queueURL, handle string) error {
+	return q.call(ctx, url.Values{"Action": {"DeleteMessage"}, "QueueUrl": {queueURL}, "ReceiptHandle": {handle}}, nil)
+}
+
+func (q *sqsQuery) release(ctx context.Context, queueURL, handle string) error {
+	return q.call(ctx, url.Values{"Action": {"ChangeMessageVisibility"}, "QueueUrl": {queueURL}, "ReceiptHandle": {handle}, "VisibilityTimeout": {"0"}}, nil)
+}
+
+// receiveMax is how many messages one ReceiveMessage asks for. On a FIFO
+// queue goaws v0.4.5 hides every message it looks at while the message
+// group is locked, then returns only the first, so the others stay
+// invisible until their visibility timeout: ask for one at a time there.
+func receiveMax(queueURL string) int {
+	if snsbroker.IsFIFO(queueURL) {
+		return 1
+	}
+	return 10
+}
+
+// delivered is one message as a consumer sees it: payload and restored
+// headers, plus what SQS and SNS said about it.
+type delivered struct {
+	Payload  string
+	Headers  map[string]string
+	SQSAttrs map[string]string // message attributes on the SQS message itself
+	Envelope *snsbroker.Notification
+}
+
+// decode turns an SQS message from an SNS subscription into a delivered
+// message, checking the envelope (raw == false) or its absence.
+func decode(m sqsMessage, raw bool, topicARN string) (delivered, error) {
+	d := delivered{SQSAttrs: m.Attributes}
+	attrs := m.Attributes
+	if raw {
+		if _, err := snsbroker.ParseNotification([]byte(m.Body)); err == nil {
+			return d, fmt.Errorf("raw delivery, but the body is an SNS envelope: %s", m.Body)
+		}
+		d.Payload = m.Body
+	} else {
+		n, err := snsbroker.ParseNotification([]byte(m.Body))
+		if err != nil {
+			return d, err
+		}
+		if n.TopicArn != topicARN {
+			return d, fmt.Errorf("envelope TopicArn %q, want %q", n.TopicArn, topicARN)
+		}
+		if len(m.Attributes) != 0 {
+			return d, fmt.Errorf("envelope delivery, but the SQS message has attributes %v", m.Attributes)
+		}
+		d.Envelope = n
+		d.Payload = n.Message
+		attrs = n.Attributes()
+	}
+	h, err := snsbroker.DecodeHeaders(attrs, "")
+	if err != nil {
+		return d, err
+	}
+	d.Headers = h
+	return d, nil
+}
+
+// goaws is the emulator of make test, with clients for it.
+type goaws struct {
+	endpoint string
+	sns      *sns.Client
+	sqs      *sqsQuery
+}
+
+func newGoaws(t *testing.T) *goaws {
+	t.Helper()
+	endpoint := testenv.SNSEndpoint(t)
+	return &goaws{endpoint: endpoint, sns: newSNSClient(t, endpoint), sqs: &sqsQuery{endpoint: endpoint, http: &http.Client{Timeout: 30 * time.Second}}}
+}
+
+// subscribeQueue makes a fresh queue subscribed to the topic (created if
+// missing) and returns the topic ARN and the queue URL.
+func (g *goaws) subscribeQueue(t *testing.T, ctx context.Context, topic string, raw bool) (topicARN, queueURL string) {
+	t.Helper()
+	in := &sns.CreateTopicInput{Name: aws.String(topic)}
+	if snsbroker.IsFIFO(topic) {
+		in.Attributes = map[string]string{"FifoTopic": "true"}
+	}
+	tout, err := g.sns.CreateTopic(ctx, in)
+	if err != nil {
+		t.Fatalf("CreateTopic %q: %v", topic, err)
+	}
+	qname := "q-" + testenv.RandomSuffix()
+	if snsbroker.IsFIFO(topic) {
+		qname += ".fifo"
+	}
+	queueURL, queueARN, err := g.sqs.createQueue(ctx, qname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.sns.Subscribe(ctx, &sns.SubscribeInput{
+		TopicArn: tout.TopicArn, Protocol: aws.String("sqs"), Endpoint: aws.String(queueARN),
+		Attributes: map[string]string{"RawMessageDelivery": strconv.FormatBool(raw)},
+	})
+	if err != nil {
+		t.Fatalf("Subscribe %s to %s: %v", queueARN, topic, err)
+	}
+	return aws.ToString(tout.TopicArn), queueURL
+}
+
+// drain reads the queue until n messages arrived (deleting them), then
+// keeps reading for settle to catch extra deliveries.
+func (g *goaws) drain(t *testing.T, ctx context.Context, queueURL string, raw bool, topicARN string, n int, settle time.Duration) []delivered {
+	t.Helper()
+	var got []delivered
+	var quietSince time.Time
+	for {
+		if len(got) >= n {
+			if quietSince.IsZero() {
+				quietSince = time.Now()
+			} else if time.Since(quietSince) > settle {
+				return got
+			}
+		}
+		msgs, err := g.sqs.receive(ctx, queueURL, receiveMax(queueURL))
+		if err != nil {
+			t.Fatalf("receive after %d of %d messages: %v", len(got), n, err)
+		}
+		for _, m := range msgs {
+			d, err := decode(m, raw, topicARN)
+			if err != nil {
+				t.Errorf("message %s: %v", m.MessageID, err)
+			}
+			got = append(got, d)
+			quietSince = time.Time{}
+			if err := g.sqs.delete(ctx, queueURL, m.ReceiptHandle); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(msgs) == 0 {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("received %d of %d messages: %v", len(got), n, ctx.Err())
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// Subscriber is a Watermill message.Subscriber reading an SQS queue that it
+// subscribes to the topic: the consumer side of the conformance suite.
+type Subscriber struct {
+	t   *testing.T
+	g   *goaws
+	raw bool
+
+	mu     sync.Mutex
+	cancel []context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+var _ message.Subscriber = (*Subscriber)(nil)
+
+// Subscribe creates the topic, a queue subscribed to it, and delivers the
+// queue's messages one at a time: the next only after Ack (which deletes it)
+// or Nack (which makes it visible again).
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	topicARN, queueURL := s.g.subscribeQueue(s.t, ctx, topic, s.raw)
+	ctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	s.cancel = append(s.cancel, cancel)
+	s.mu.Unlock()
+	out := make(chan *message.Message)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(out)
+		for ctx.Err() == nil {
+			msgs, err := s.g.sqs.receive(ctx, queueURL, receiveMax(queueURL))
+			if err != nil {
+				if ctx.Err() == nil {
+					s.t.Errorf("subscriber %s: %v", topic, err)
+				}
+				return
+			}
+			if len(msgs) == 0 {
+				select {
+				case <-ctx.Done():
+				case <-time.After(50 * time.Millisecond):
+				}
+				continue
+			}
+			for _, m := range msgs {
+				if !s.deliver(ctx, out, m, topicARN, queueURL) {
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+func (s *Subscriber) deliver(ctx context.Context, out chan<- *message.Message, m sqsMessage, topicARN, queueURL string) bool {
+	d, err := decode(m, s.raw, topicARN)
+	if err != nil {
+		s.t.Errorf("message %s: %v", m.MessageID, err)
+		return s.g.sqs.delete(ctx, queueURL, m.ReceiptHandle) == nil
+	}
+	msg := message.NewMessage(d.Headers[core.HeaderEventID], message.Payload(d.Payload))
+	for k, v := range d.Headers {
+		msg.Metadata.Set(k, v)
+	}
+	select {
+	case out <- msg:
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case <-msg.Acked():
+		err = s.g.sqs.delete(ctx, queueURL, m.ReceiptHandle)
+	case <-msg.Nacked():
+		err = s.g.sqs.release(ctx, queueURL, m.ReceiptHandle)
+	case <-ctx.Done():
+		return false
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		s.t.Errorf("settle message %s: %v", m.MessageID, err)
+	}
+	return err == nil
+}
+
+// Close ends every subscription and waits for their goroutines.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	for _, c := range s.cancel {
+		c()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
