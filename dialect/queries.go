@@ -175,7 +175,7 @@ func (q *Queries) MarkPublished(seqs []int64) (string, []any) {
 type failureJSON struct {
 	Seq     int64  `json:"seq"`
 	Err     string `json:"err"`
-	RetryUS int64  `json:"retry_us,omitempty"` // PostgreSQL
+	RetryUS int64  `json:"retry_us"` // PostgreSQL
 	Mod     string `json:"mod,omitempty"`      // SQLite date modifier
 	Dead    bool   `json:"dead"`
 }

@@ -1,0 +1,191 @@
+package sqlxoutbox_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "modernc.org/sqlite"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// backend opens a fresh, empty database of one dialect for one test.
+type backend struct {
+	name string
+	d    dialect.Dialect
+	open func(t testing.TB) *sqlx.DB
+}
+
+var backends = []backend{
+	{name: "postgres", d: dialect.Postgres, open: func(t testing.TB) *sqlx.DB {
+		return sqlx.NewDb(testenv.OpenPostgres(t), "pgx")
+	}},
+	{name: "sqlite", d: dialect.SQLite, open: func(t testing.TB) *sqlx.DB {
+		return openSQLite(t, filepath.Join(t.TempDir(), "outbox.db"))
+	}},
+}
+
+// sqliteDSN is the recommended way to open SQLite for the outbox (see the
+// package documentation).
+func sqliteDSN(path string) string {
+	return "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
+}
+
+func openSQLite(t testing.TB, path string) *sqlx.DB {
+	t.Helper()
+	db, err := sqlx.Open("sqlite", sqliteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// env is one migrated database with an Outbox and an orders table, the
+// business table the producers write next to their events.
+type env struct {
+	b   backend
+	db  *sqlx.DB
+	box *sqlxoutbox.Outbox
+}
+
+func forEach(t *testing.T, fn func(t *testing.T, e *env)) {
+	t.Helper()
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, newEnv(t, b, sqlxoutbox.Options{}))
+		})
+	}
+}
+
+func newEnv(t testing.TB, b backend, opts sqlxoutbox.Options) *env {
+	t.Helper()
+	ctx := context.Background()
+	db := b.open(t)
+	if err := dialect.Migrate(ctx, db.DB, b.d, dialect.MigrateOptions{Table: opts.Table, Logger: quiet}); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	box, err := sqlxoutbox.New(db, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if box.Dialect() != b.d {
+		t.Fatalf("detected dialect %v, want %v", box.Dialect(), b.d)
+	}
+	return &env{b: b, db: db, box: box}
+}
+
+// enqueue writes one order row and its events in one transaction, and
+// commits or rolls back.
+func (e *env) enqueue(t testing.TB, commit bool, evs ...core.Event) []core.Event {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, e.db.Rebind("INSERT INTO orders (id, total) VALUES (?, ?)"), testenv.RandomSuffix(), 42); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.box.Enqueue(ctx, tx, evs...); err != nil {
+		tx.Rollback()
+		t.Fatalf("Enqueue: %v", err)
+	}
+	if commit {
+		err = tx.Commit()
+	} else {
+		err = tx.Rollback()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
+// events makes n events of one type, spread over aggs aggregates.
+func events(n int, eventType string, aggs int) []core.Event {
+	evs := make([]core.Event, n)
+	for i := range evs {
+		evs[i] = core.Event{
+			AggregateType: "order",
+			AggregateID:   fmt.Sprintf("o-%d", i%max(aggs, 1)),
+			EventType:     eventType,
+			Payload:       []byte(fmt.Sprintf(`{"n": %d}`, i)),
+			Headers:       map[string]string{"n": fmt.Sprint(i)},
+		}
+	}
+	return evs
+}
+
+func (e *env) claim(t testing.TB, limit int) core.Claim {
+	t.Helper()
+	c, err := e.box.Claim(context.Background(), core.ClaimRequest{Limit: limit})
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	return c
+}
+
+func (e *env) get(t testing.TB, id string) core.Event {
+	t.Helper()
+	ev, err := e.box.Get(context.Background(), id)
+	if err != nil {
+		t.Fatalf("Get(%s): %v", id, err)
+	}
+	return ev
+}
+
+// backdate moves an event's timestamps back by age, to test retention and
+// lag without waiting.
+func (e *env) backdate(ctx context.Context, id string, age time.Duration) error {
+	var query string
+	var args []any
+	switch e.b.d {
+	case dialect.Postgres:
+		query = "UPDATE outbox_events SET created_at = created_at - $1 * interval '1 microsecond'," +
+			" published_at = published_at - $1 * interval '1 microsecond', dead_at = dead_at - $1 * interval '1 microsecond'" +
+			" WHERE event_id = $2"
+		args = []any{age.Microseconds(), id}
+	default:
+		mod := fmt.Sprintf("-%.3f seconds", age.Seconds())
+		query = "UPDATE outbox_events SET created_at = strftime('%Y-%m-%dT%H:%M:%fZ', created_at, ?1)," +
+			" published_at = strftime('%Y-%m-%dT%H:%M:%fZ', published_at, ?1), dead_at = strftime('%Y-%m-%dT%H:%M:%fZ', dead_at, ?1)" +
+			" WHERE event_id = ?2"
+		args = []any{mod, id}
+	}
+	res, err := e.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("backdate %s: %d rows", id, n)
+	}
+	return nil
+}
+
+func seqsOf(evs []core.Event) []int64 {
+	s := make([]int64, len(evs))
+	for i := range evs {
+		s[i] = evs[i].Seq
+	}
+	return s
+}
