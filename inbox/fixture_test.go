@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
+	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -85,15 +87,10 @@ func (b backend) newSQLFixture(t *testing.T, useSqlx bool) (*outboxtest.InboxFix
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ib.Dialect() != b.dialect {
+	if ib.Dialect().Name() != b.dialect {
 		t.Fatalf("detected dialect %q, want %q", ib.Dialect(), b.dialect)
 	}
-	if err := ib.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := ib.Migrate(ctx); err != nil {
-		t.Fatalf("second Migrate: %v", err)
-	}
+	migrate(t, db, ib.Dialect())
 	if _, err := db.ExecContext(ctx, effectsDDL); err != nil {
 		t.Fatal(err)
 	}
@@ -142,6 +139,16 @@ func (b backend) newSQLFixture(t *testing.T, useSqlx bool) (*outboxtest.InboxFix
 		},
 	}
 	return f, ib, db
+}
+
+// migrate creates the inbox table with the shared migrations, as a
+// consumer-only service would.
+func migrate(t testing.TB, db *sql.DB, d dialect.Dialect) {
+	t.Helper()
+	opts := dialect.MigrateOptions{SkipOutbox: true, Logger: slog.New(slog.DiscardHandler)}
+	if err := dialect.Migrate(t.Context(), db, d, opts); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
 }
 
 func TestConformance(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
 )
 
 // DB is what NewSQL needs from a database handle. *sql.DB and *sqlx.DB
@@ -30,12 +31,14 @@ type sqlxBeginner interface {
 
 // SQLOptions configures NewSQL.
 type SQLOptions struct {
-	// Dialect is "postgres" or "sqlite". Empty detects it from the handle:
-	// the driver name of a *sqlx.DB, the driver type of a *sql.DB (pgx, pq,
-	// modernc.org/sqlite, mattn/go-sqlite3).
-	Dialect string
+	// Dialect is dialect.Postgres or dialect.SQLite. The zero value detects
+	// it from the handle: the driver name of a *sqlx.DB, the driver type of a
+	// *sql.DB (pgx, pq, modernc.org/sqlite, mattn/go-sqlite3).
+	Dialect dialect.Dialect
 	// Table is the inbox table, optionally schema-qualified. Default
-	// "processed_events".
+	// dialect.DefaultInboxTable ("processed_events"). Create it with
+	// dialect.Migrate (MigrateOptions.InboxTable, SkipOutbox for a
+	// consumer-only database).
 	Table string
 	// TxOptions are passed to BeginTx. Default nil: the database's default
 	// isolation (READ COMMITTED on PostgreSQL), under which a concurrent
@@ -54,15 +57,13 @@ type SQLOptions struct {
 	Logger *slog.Logger
 }
 
-// DefaultTable is the default inbox table.
-const DefaultTable = "processed_events"
-
 // SQL is a core.Inbox on database/sql, for PostgreSQL and SQLite. It also
 // deletes old records (DeleteProcessed) for Cleanup.
 type SQL struct {
 	db     DB
 	sqlx   sqlxBeginner // nil unless db is a *sqlx.DB
-	q      queries
+	q      *dialect.InboxQueries
+	d      dialect.Dialect
 	opts   SQLOptions
 	sqlite bool
 }
@@ -70,7 +71,7 @@ type SQL struct {
 var _ core.Inbox = (*SQL)(nil)
 
 // NewSQL returns an inbox that records processed events in opts.Table
-// through db. It does not create the table: see Migrate.
+// through db. It does not create the table: run dialect.Migrate first.
 func NewSQL(db DB, opts SQLOptions) (*SQL, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: inbox.NewSQL needs a database handle", core.ErrInvalidOptions)
@@ -85,23 +86,20 @@ func NewSQL(db DB, opts SQLOptions) (*SQL, error) {
 		opts.Logger = slog.Default()
 	}
 	if opts.Table == "" {
-		opts.Table = DefaultTable
+		opts.Table = dialect.DefaultInboxTable
 	}
-	if opts.Dialect == "" {
-		opts.Dialect = detectDialect(db)
-		if opts.Dialect == "" {
-			return nil, fmt.Errorf("%w: inbox.NewSQL cannot tell the database of %T; set SQLOptions.Dialect to \"postgres\" or \"sqlite\"", core.ErrInvalidOptions, db)
+	if opts.Dialect.IsZero() {
+		d, ok := detectDialect(db)
+		if !ok {
+			return nil, fmt.Errorf("%w: inbox.NewSQL cannot tell the database of %T; set SQLOptions.Dialect", core.ErrInvalidOptions, db)
 		}
+		opts.Dialect = d
 	}
-	fl, err := flavorByName(opts.Dialect)
+	q, err := opts.Dialect.InboxQueries(opts.Table)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", core.ErrInvalidOptions, err)
 	}
-	q, err := buildQueries(fl, opts.Table)
-	if err != nil {
-		return nil, err
-	}
-	s := &SQL{db: db, q: q, opts: opts, sqlite: fl == flavorSQLite}
+	s := &SQL{db: db, q: q, d: opts.Dialect, opts: opts, sqlite: opts.Dialect == dialect.SQLite}
 	if b, ok := db.(sqlxBeginner); ok {
 		s.sqlx = b
 	}
@@ -111,19 +109,8 @@ func NewSQL(db DB, opts SQLOptions) (*SQL, error) {
 // Table returns the inbox table's name, as configured.
 func (s *SQL) Table() string { return s.opts.Table }
 
-// Dialect returns "postgres" or "sqlite".
-func (s *SQL) Dialect() string { return s.q.flavor.String() }
-
-// Migrate creates the inbox table and its processed_at index if they do not
-// exist. It is idempotent.
-func (s *SQL) Migrate(ctx context.Context) error {
-	for _, stmt := range s.q.ddl {
-		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("inbox: migrate %s: %w", s.opts.Table, err)
-		}
-	}
-	return nil
-}
+// Dialect returns the dialect in use, configured or detected.
+func (s *SQL) Dialect() dialect.Dialect { return s.d }
 
 // CheckSQLite warns through the logger when db is SQLite and the connection
 // it gets has no busy_timeout: then a second writer fails at once with
@@ -242,7 +229,8 @@ func (s *SQL) record(ctx context.Context, consumer, eventID string) (*txValue, b
 		if err != nil {
 			return nil, false, err
 		}
-		res, err := v.tx.ExecContext(ctx, s.q.insert, consumer, eventID)
+		q, args := s.q.Record(consumer, eventID)
+		res, err := v.tx.ExecContext(ctx, q, args...)
 		if err == nil {
 			n, err := res.RowsAffected()
 			if err != nil {
@@ -288,7 +276,8 @@ func (s *SQL) DeleteProcessed(ctx context.Context, before time.Time, limit int) 
 	if limit <= 0 {
 		return 0, fmt.Errorf("%w: DeleteProcessed limit %d", core.ErrInvalidOptions, limit)
 	}
-	res, err := s.db.ExecContext(ctx, s.q.delete, s.q.timeArg(before), limit)
+	q, args := s.q.DeleteProcessedBefore(before, limit)
+	res, err := s.db.ExecContext(ctx, q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: delete processed before %s: %w", before.Format(time.RFC3339), err)
 	}
@@ -302,11 +291,15 @@ func (s *SQL) DeleteProcessed(ctx context.Context, before time.Time, limit int) 
 // Processed reports whether (consumer, eventID) is recorded, for tests and
 // tools.
 func (s *SQL) Processed(ctx context.Context, consumer, eventID string) (bool, error) {
-	var n int
-	if err := s.db.QueryRowContext(ctx, s.q.exists, consumer, eventID).Scan(&n); err != nil {
+	q, args := s.q.Exists(consumer, eventID)
+	var one int
+	switch err := s.db.QueryRowContext(ctx, q, args...).Scan(&one); {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil
+	case err != nil:
 		return false, fmt.Errorf("inbox: look up event %s for %s: %w", eventID, consumer, err)
 	}
-	return n > 0, nil
+	return true, nil
 }
 
 // isBusy reports SQLITE_BUSY and SQLITE_LOCKED from modernc.org/sqlite

@@ -18,19 +18,20 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"regexp"
 	"strings"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
 )
 
 // Options configures New.
 type Options struct {
 	// Table is the inbox table, optionally schema-qualified. Default
-	// "processed_events".
+	// dialect.DefaultInboxTable ("processed_events"). Create it with
+	// dialect.Migrate.
 	Table string
 }
 
@@ -38,52 +39,28 @@ type Options struct {
 // old records (DeleteProcessed) for inbox.Cleanup.
 type Inbox struct {
 	db     *gorm.DB
-	table  string
+	q      *dialect.InboxQueries
 	sqlite bool
-	insert string
-	exists string
-	delete string
 }
 
 var _ core.Inbox = (*Inbox)(nil)
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
-
 // New returns an inbox on db, whose dialector must be PostgreSQL or SQLite.
-// It does not create the table: see inbox.SQL.Migrate or the txoutbox
-// migrations.
+// It does not create the table: run dialect.Migrate first.
 func New(db *gorm.DB, opts Options) (*Inbox, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: gorminbox.New needs a *gorm.DB", core.ErrInvalidOptions)
 	}
-	if opts.Table == "" {
-		opts.Table = "processed_events"
+	d, err := dialect.ByName(db.Dialector.Name())
+	if err != nil {
+		return nil, fmt.Errorf("%w: gorminbox supports the postgres and sqlite dialectors: %w", core.ErrInvalidOptions, err)
 	}
-	parts := strings.Split(opts.Table, ".")
-	if len(parts) > 2 {
-		return nil, fmt.Errorf("%w: inbox table %q has more than two parts", core.ErrInvalidOptions, opts.Table)
+	// GORM rewrites ? to the dialector's own placeholders.
+	q, err := d.WithPlaceholders(dialect.Question).InboxQueries(opts.Table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", core.ErrInvalidOptions, err)
 	}
-	for i, p := range parts {
-		if !identRE.MatchString(p) {
-			return nil, fmt.Errorf("%w: inbox table %q (want [A-Za-z_][A-Za-z0-9_]{0,62}, optionally schema.table)", core.ErrInvalidOptions, opts.Table)
-		}
-		parts[i] = `"` + p + `"`
-	}
-	t := strings.Join(parts, ".")
-	ib := &Inbox{db: db, table: opts.Table}
-	// GORM rewrites ? to the dialector's placeholders itself.
-	switch name := db.Dialector.Name(); name {
-	case "postgres":
-		ib.insert = `INSERT INTO ` + t + ` (consumer, event_id, processed_at) VALUES (?, ?, statement_timestamp()) ON CONFLICT DO NOTHING`
-	case "sqlite", "sqlite3":
-		ib.sqlite = true
-		ib.insert = `INSERT INTO ` + t + ` (consumer, event_id, processed_at) VALUES (?, ?, strftime('%Y-%m-%dT%H:%M:%fZ','now')) ON CONFLICT DO NOTHING`
-	default:
-		return nil, fmt.Errorf("%w: gorminbox supports the postgres and sqlite dialectors, not %q", core.ErrInvalidOptions, name)
-	}
-	ib.exists = `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ? AND event_id = ?`
-	ib.delete = `DELETE FROM ` + t + ` WHERE (consumer, event_id) IN (SELECT consumer, event_id FROM ` + t + ` WHERE processed_at < ? LIMIT ?)`
-	return ib, nil
+	return &Inbox{db: db, q: q, sqlite: d == dialect.SQLite}, nil
 }
 
 type txKey struct{}
@@ -128,7 +105,8 @@ func (ib *Inbox) Process(ctx context.Context, consumer, eventID string, fn func(
 	start, wait := time.Now(), time.Millisecond
 	for {
 		err := ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			res := tx.Exec(ib.insert, consumer, eventID)
+			q, args := ib.q.Record(consumer, eventID)
+			res := tx.Exec(q, args...)
 			if res.Error != nil {
 				return fmt.Errorf("gorminbox: record event %s for %s: %w", eventID, consumer, res.Error)
 			}
@@ -180,11 +158,8 @@ func (ib *Inbox) DeleteProcessed(ctx context.Context, before time.Time, limit in
 	if limit <= 0 {
 		return 0, fmt.Errorf("%w: DeleteProcessed limit %d", core.ErrInvalidOptions, limit)
 	}
-	var arg any = before
-	if ib.sqlite {
-		arg = before.UTC().Format("2006-01-02T15:04:05.000Z")
-	}
-	res := ib.db.WithContext(ctx).Exec(ib.delete, arg, limit)
+	q, args := ib.q.DeleteProcessedBefore(before, limit)
+	res := ib.db.WithContext(ctx).Exec(q, args...)
 	if res.Error != nil {
 		return 0, fmt.Errorf("gorminbox: delete processed before %s: %w", before.Format(time.RFC3339), res.Error)
 	}
@@ -194,8 +169,9 @@ func (ib *Inbox) DeleteProcessed(ctx context.Context, before time.Time, limit in
 // Processed reports whether (consumer, eventID) is recorded, for tests and
 // tools.
 func (ib *Inbox) Processed(ctx context.Context, consumer, eventID string) (bool, error) {
+	q, args := ib.q.Exists(consumer, eventID)
 	var n int64
-	if err := ib.db.WithContext(ctx).Raw(ib.exists, consumer, eventID).Scan(&n).Error; err != nil {
+	if err := ib.db.WithContext(ctx).Raw(q, args...).Scan(&n).Error; err != nil {
 		return false, fmt.Errorf("gorminbox: look up event %s for %s: %w", eventID, consumer, err)
 	}
 	return n > 0, nil

@@ -1,0 +1,125 @@
+package gorminbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+	_ "modernc.org/sqlite" // the pure-Go "sqlite" driver, under GORM's dialector
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/inbox/gorminbox"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+func openGorm(t *testing.T, name string) (*gorm.DB, *sql.DB, dialect.Dialect) {
+	t.Helper()
+	var (
+		sqlDB *sql.DB
+		dl    gorm.Dialector
+		d     dialect.Dialect
+	)
+	switch name {
+	case "postgres":
+		sqlDB = testenv.OpenPostgres(t)
+		dl, d = postgres.New(postgres.Config{Conn: sqlDB}), dialect.Postgres
+	case "sqlite":
+		var err error
+		dsn := "file:" + filepath.Join(t.TempDir(), "inbox.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
+		sqlDB, err = sql.Open("sqlite", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sqlDB.Close() })
+		dl, d = sqlite.New(sqlite.Config{DriverName: "sqlite", Conn: sqlDB}), dialect.SQLite
+	}
+	db, err := gorm.Open(dl, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dialect.Migrate(t.Context(), sqlDB, d, dialect.MigrateOptions{SkipOutbox: true, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Exec(`CREATE TABLE effects (key TEXT NOT NULL)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	return db, sqlDB, d
+}
+
+func newFixture(t *testing.T, name string) *outboxtest.InboxFixture {
+	db, _, d := openGorm(t, name)
+	ib, err := gorminbox.New(db, gorminbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &outboxtest.InboxFixture{
+		Inbox: ib,
+		Effect: func(ctx context.Context, key string) error {
+			tx := gorminbox.Tx(ctx)
+			if tx == nil {
+				return errors.New("no GORM transaction in the handler's context")
+			}
+			return tx.Exec(`INSERT INTO effects (key) VALUES (?)`, key).Error
+		},
+		Effects: func(ctx context.Context) (map[string]int, error) {
+			var rows []struct {
+				Key string
+				N   int
+			}
+			if err := db.WithContext(ctx).Raw(`SELECT key, COUNT(*) AS n FROM effects GROUP BY key`).Scan(&rows).Error; err != nil {
+				return nil, err
+			}
+			out := map[string]int{}
+			for _, r := range rows {
+				out[r.Key] = r.N
+			}
+			return out, nil
+		},
+		Processed: ib.Processed,
+		Cleaner:   ib,
+		Backdate: func(ctx context.Context, consumer, eventID string, age time.Duration) error {
+			return db.WithContext(ctx).Exec(`UPDATE processed_events SET processed_at = ? WHERE consumer = ? AND event_id = ?`,
+				d.TimeArg(time.Now().Add(-age)), consumer, eventID).Error
+		},
+	}
+}
+
+func TestConformance(t *testing.T) {
+	for _, name := range []string{"postgres", "sqlite"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			outboxtest.RunInbox(t, func(t *testing.T) *outboxtest.InboxFixture { return newFixture(t, name) })
+		})
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	if _, err := gorminbox.New(nil, gorminbox.Options{}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("New(nil) = %v, want ErrInvalidOptions", err)
+	}
+	db, _, _ := openGorm(t, "sqlite")
+	if _, err := gorminbox.New(db, gorminbox.Options{Table: `x"; DROP TABLE y`}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("New(bad table) = %v, want ErrInvalidOptions", err)
+	}
+}
+
+func TestTxOutsideHandlerIsNil(t *testing.T) {
+	if tx := gorminbox.Tx(context.Background()); tx != nil {
+		t.Fatalf("Tx outside a handler = %v, want nil", tx)
+	}
+	db, _, _ := openGorm(t, "sqlite")
+	ctx := gorminbox.ContextWithTx(t.Context(), db)
+	if gorminbox.Tx(ctx) == nil {
+		t.Fatal("Tx after ContextWithTx = nil")
+	}
+}
