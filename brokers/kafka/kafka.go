@@ -1,0 +1,250 @@
+// Package kafkabroker publishes txoutbox events to Kafka through
+// github.com/ThreeDotsLabs/watermill-kafka/v3 (github.com/IBM/sarama), and
+// gives consumers a Watermill consumer-group subscriber.
+//
+// The topic is the event type, or what Options.Topic returns (TopicMap
+// renames some). The message key is the aggregate ID, so that one
+// aggregate's events land on one partition, in order. The producer waits for
+// all in-sync replicas (acks=all) and is idempotent, so a retry inside the
+// client does not write a record twice. The event's headers (event_id,
+// aggregate_id, ...) travel as Kafka record headers.
+//
+// TLS and SASL are sarama settings: pass a *sarama.Config from
+// NewSaramaConfig with Net.TLS / Net.SASL filled in as Options.Sarama.
+package kafkabroker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/txoutbox/txoutbox/core"
+)
+
+var (
+	// ErrInvalidOptions is wrapped by errors that reject a configuration.
+	ErrInvalidOptions = errors.New("kafkabroker: invalid options")
+	// ErrPublish is wrapped by the error of an event Kafka did not take.
+	ErrPublish = errors.New("kafkabroker: publish failed")
+	// ErrEarlierFailed is wrapped by the error of an event that was not sent
+	// because an earlier event of the same aggregate in the batch failed;
+	// sending it would overtake its predecessor on the partition.
+	ErrEarlierFailed = errors.New("kafkabroker: an earlier event of the aggregate failed")
+)
+
+// DefaultConcurrency is the default Options.Concurrency.
+const DefaultConcurrency = 16
+
+// Version is the Kafka protocol version NewSaramaConfig asks for: recent
+// enough for the idempotent producer (0.11+) and record headers.
+var Version = sarama.V3_6_0_0
+
+// NewSaramaConfig returns the sarama configuration the publisher and the
+// subscriber start from: Version, and the producer settings that
+// NewPublisher enforces anyway. Set TLS, SASL or client ID on it and pass it
+// as Options.Sarama / SubscriberOptions.Sarama.
+func NewSaramaConfig() *sarama.Config {
+	cfg := sarama.NewConfig()
+	cfg.Version = Version
+	cfg.ClientID = "txoutbox"
+	producerSafety(cfg)
+	cfg.Consumer.Return.Errors = true
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return cfg
+}
+
+// producerSafety sets what an outbox needs from the producer.
+func producerSafety(cfg *sarama.Config) {
+	// A record counts as written once every in-sync replica has it.
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	// Retries inside sarama reuse the sequence number, so the broker drops
+	// the second copy instead of appending it. The idempotent producer
+	// needs one request in flight per broker connection.
+	cfg.Producer.Idempotent = true
+	cfg.Net.MaxOpenRequests = 1
+	if cfg.Producer.Retry.Max == 0 {
+		cfg.Producer.Retry.Max = 5
+	}
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.Return.Errors = true
+	// The default hash partitioner maps a key to a fixed partition.
+	cfg.Producer.Partitioner = sarama.NewHashPartitioner
+}
+
+// TopicMap returns a TopicFunc that looks the event type up in m and falls
+// back to the event type itself.
+func TopicMap(m map[string]string) core.TopicFunc {
+	return func(ev *core.Event) string {
+		if t, ok := m[ev.EventType]; ok {
+			return t
+		}
+		return ev.EventType
+	}
+}
+
+// Options configures a Publisher.
+type Options struct {
+	// Brokers are the bootstrap addresses ("host:9092"). Required.
+	Brokers []string
+	// Topic maps an event to its topic. Default core.TopicByEventType; see
+	// TopicMap.
+	Topic core.TopicFunc
+	// Concurrency is how many aggregates are sent in parallel within one
+	// Publish; sarama batches the records in flight together. Default
+	// DefaultConcurrency.
+	Concurrency int
+	// Sarama is the client configuration. Default NewSaramaConfig(). The
+	// publisher overrides the producer's acks, idempotence, in-flight
+	// requests, partitioner and return settings (see NewSaramaConfig); a
+	// Version below 0.11 is rejected.
+	Sarama *sarama.Config
+	// Logger receives the client's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Publisher is a core.Publisher to Kafka with acks=all and an idempotent
+// producer.
+type Publisher struct {
+	pub   *wkafka.Publisher
+	topic core.TopicFunc
+	conc  int
+}
+
+// NewPublisher connects to Kafka and returns a Publisher. Close it to close
+// the producer.
+func NewPublisher(opts Options) (*Publisher, error) {
+	if len(opts.Brokers) == 0 {
+		return nil, fmt.Errorf("%w: no Brokers", ErrInvalidOptions)
+	}
+	if opts.Concurrency < 0 {
+		return nil, fmt.Errorf("%w: negative Concurrency", ErrInvalidOptions)
+	}
+	if opts.Concurrency == 0 {
+		opts.Concurrency = DefaultConcurrency
+	}
+	if opts.Topic == nil {
+		opts.Topic = core.TopicByEventType
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	cfg := opts.Sarama
+	if cfg == nil {
+		cfg = NewSaramaConfig()
+	}
+	if !cfg.Version.IsAtLeast(sarama.V0_11_0_0) {
+		return nil, fmt.Errorf("%w: Kafka version %s is too old for the idempotent producer (0.11+)", ErrInvalidOptions, cfg.Version)
+	}
+	producerSafety(cfg)
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: sarama: %w", ErrInvalidOptions, err)
+	}
+	pub, err := wkafka.NewPublisher(wkafka.PublisherConfig{
+		Brokers:               opts.Brokers,
+		Marshaler:             Marshaler{},
+		OverwriteSaramaConfig: cfg,
+	}, watermill.NewSlogLogger(opts.Logger))
+	if err != nil {
+		return nil, fmt.Errorf("kafkabroker: connect publisher: %w", err)
+	}
+	return &Publisher{pub: pub, topic: opts.Topic, conc: opts.Concurrency}, nil
+}
+
+// Publish sends the events and returns when Kafka acknowledged each of
+// them (acks=all), with a *core.BatchError naming the ones it did not take.
+//
+// One aggregate's events are sent one after another, each after the
+// previous one was acknowledged; different aggregates go out in parallel.
+// When an event fails, the later events of its aggregate in the batch are
+// not sent (ErrEarlierFailed), so a partition never holds them out of order.
+func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
+	return publishByAggregate(ctx, events, p.conc, p.publishOne)
+}
+
+func (p *Publisher) publishOne(ctx context.Context, ev *core.Event) error {
+	topic := p.topic(ev)
+	if topic == "" {
+		return fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID)
+	}
+	if err := p.pub.Publish(topic, core.NewMessage(ctx, ev)); err != nil {
+		return fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, ev.EventType, ev.ID, topic, err)
+	}
+	return nil
+}
+
+// Close flushes and closes the producer.
+func (p *Publisher) Close() error { return p.pub.Close() }
+
+// Marshaler is watermill-kafka's DefaultMarshaler (metadata as record
+// headers) with the aggregate ID as the record key. Events without an
+// aggregate get no key and are spread over the partitions.
+type Marshaler struct{ wkafka.DefaultMarshaler }
+
+// Marshal converts a Watermill message to a sarama record.
+func (m Marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+	rec, err := m.DefaultMarshaler.Marshal(topic, msg)
+	if err != nil {
+		return nil, err
+	}
+	if key := msg.Metadata.Get(core.HeaderAggregateID); key != "" {
+		rec.Key = sarama.StringEncoder(key)
+	}
+	return rec, nil
+}
+
+// SubscriberOptions configures NewSubscriber.
+type SubscriberOptions struct {
+	// Brokers are the bootstrap addresses. Required.
+	Brokers []string
+	// ConsumerGroup is the Kafka consumer group: instances with the same
+	// group share the partitions, and the group's committed offsets say
+	// where a restarted consumer resumes. Required.
+	ConsumerGroup string
+	// Sarama is the client configuration. Default NewSaramaConfig(), which
+	// starts a new group at the oldest offset so that nothing published
+	// before the group's first subscription is missed.
+	Sarama *sarama.Config
+	// ReconnectRetrySleep is the pause before re-joining the group after the
+	// connection failed. Default 1s.
+	ReconnectRetrySleep time.Duration
+	// Logger receives the client's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// NewSubscriber returns a Watermill subscriber that consumes topics as one
+// consumer group. Messages carry the record headers as metadata and the
+// event ID as UUID; an acked message's offset is committed, a nacked one is
+// redelivered.
+func NewSubscriber(opts SubscriberOptions) (*wkafka.Subscriber, error) {
+	if len(opts.Brokers) == 0 {
+		return nil, fmt.Errorf("%w: no Brokers", ErrInvalidOptions)
+	}
+	if opts.ConsumerGroup == "" {
+		return nil, fmt.Errorf("%w: ConsumerGroup is empty", ErrInvalidOptions)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	cfg := opts.Sarama
+	if cfg == nil {
+		cfg = NewSaramaConfig()
+	}
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:               opts.Brokers,
+		Unmarshaler:           Marshaler{},
+		OverwriteSaramaConfig: cfg,
+		ConsumerGroup:         opts.ConsumerGroup,
+		ReconnectRetrySleep:   opts.ReconnectRetrySleep,
+	}, watermill.NewSlogLogger(opts.Logger))
+	if err != nil {
+		return nil, fmt.Errorf("kafkabroker: subscriber: %w", err)
+	}
+	return sub, nil
+}

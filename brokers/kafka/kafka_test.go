@@ -1,0 +1,453 @@
+package kafkabroker_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+// quiet keeps watermill's logs out of test output; set TXOUTBOX_TEST_LOG=1
+// to see them.
+var quiet = func() *slog.Logger {
+	if os.Getenv("TXOUTBOX_TEST_LOG") != "" {
+		return slog.Default()
+	}
+	return slog.New(slog.DiscardHandler)
+}()
+
+// cluster is an in-process Kafka-protocol cluster (kfake) that the real
+// sarama client talks to over TCP. With a data directory it can be stopped
+// and started again on the same ports with its topics, offsets and
+// producer state, as a broker restart.
+type cluster struct {
+	c     *kfake.Cluster
+	addrs []string
+	opts  []kfake.Opt
+}
+
+func newCluster(t testing.TB, extra ...kfake.Opt) *cluster {
+	t.Helper()
+	opts := append([]kfake.Opt{
+		kfake.NumBrokers(3),
+		kfake.AllowAutoTopicCreation(),
+		kfake.DefaultNumPartitions(4),
+		// Consumer groups in tests join quickly.
+		kfake.GroupMinSessionTimeout(time.Second),
+	}, extra...)
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	cl := &cluster{c: c, addrs: c.ListenAddrs(), opts: opts}
+	t.Cleanup(func() { cl.c.Close() })
+	return cl
+}
+
+// stop closes every broker's listener and connection.
+func (cl *cluster) stop() { cl.c.Close() }
+
+// start brings the cluster back on the ports it had.
+func (cl *cluster) start(t testing.TB) {
+	t.Helper()
+	var ports []int
+	for _, a := range cl.addrs {
+		_, p, err := net.SplitHostPort(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.Atoi(p)
+		ports = append(ports, n)
+	}
+	var err error
+	for i := 0; i < 50; i++ { // the old listeners may take a moment to let go
+		var c *kfake.Cluster
+		if c, err = kfake.NewCluster(append(cl.opts, kfake.Ports(ports...))...); err == nil {
+			cl.c = c
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("restart kfake on %v: %v", cl.addrs, err)
+}
+
+func newPublisher(t testing.TB, brokers []string, opts kafkabroker.Options) *kafkabroker.Publisher {
+	t.Helper()
+	opts.Brokers = brokers
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	p, err := kafkabroker.NewPublisher(opts)
+	if err != nil {
+		t.Fatalf("NewPublisher: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func newSubscriber(t testing.TB, brokers []string, group string) message.Subscriber {
+	t.Helper()
+	if group == "" {
+		group = "g-" + testenv.RandomSuffix()
+	}
+	cfg := kafkabroker.NewSaramaConfig()
+	// Short group timings: tests join and rebalance within a second or two.
+	cfg.Consumer.Group.Session.Timeout = 2 * time.Second
+	cfg.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
+	cfg.Metadata.Retry.Backoff = 100 * time.Millisecond
+	s, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{
+		Brokers: brokers, ConsumerGroup: group, Sarama: cfg,
+		ReconnectRetrySleep: 200 * time.Millisecond, Logger: quiet,
+	})
+	if err != nil {
+		t.Fatalf("NewSubscriber: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	cl := newCluster(t)
+	outboxtest.RunPublisher(t, func(t *testing.T) *outboxtest.BrokerFixture {
+		return &outboxtest.BrokerFixture{
+			Publisher:  newPublisher(t, cl.addrs, kafkabroker.Options{}),
+			Subscriber: newSubscriber(t, cl.addrs, ""),
+			Ordered:    true,
+		}
+	})
+}
+
+func event(t testing.TB, eventType, agg string, n int) core.Event {
+	t.Helper()
+	ev, err := core.NewEvent("order", agg, eventType, map[string]int{"n": n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.ID = uuid.Must(uuid.NewV7()).String()
+	ev.Headers = map[string]string{"tenant": "acme"}
+	return ev
+}
+
+// consumeAll reads every record of topic's partitions with a plain sarama
+// consumer until n arrived.
+func consumeAll(t testing.TB, brokers []string, topic string, n int) []*sarama.ConsumerMessage {
+	t.Helper()
+	cfg := kafkabroker.NewSaramaConfig()
+	c, err := sarama.NewConsumer(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	parts, err := c.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan *sarama.ConsumerMessage, n)
+	for _, p := range parts {
+		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		go func() {
+			for m := range pc.Messages() {
+				out <- m
+			}
+		}()
+	}
+	var got []*sarama.ConsumerMessage
+	timeout := time.After(30 * time.Second)
+	for len(got) < n {
+		select {
+		case m := <-out:
+			got = append(got, m)
+		case <-timeout:
+			t.Fatalf("read %d of %d records of %s", len(got), n, topic)
+		}
+	}
+	return got
+}
+
+// Records are keyed by aggregate ID (one aggregate, one partition, in
+// order) and carry the event's headers as Kafka record headers.
+func TestRecordKeyPartitionAndHeaders(t *testing.T) {
+	t.Parallel()
+	cl := newCluster(t)
+	p := newPublisher(t, cl.addrs, kafkabroker.Options{})
+	et := "order.created"
+	var evs []core.Event
+	for i := range 30 {
+		evs = append(evs, event(t, et, fmt.Sprint("o-", i%5), i))
+	}
+	if err := p.Publish(t.Context(), evs); err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]core.Event{}
+	for _, ev := range evs {
+		byID[ev.ID] = ev
+	}
+	recs := consumeAll(t, cl.addrs, et, len(evs))
+	partOf := map[string]int32{}
+	lastN := map[string]int{}
+	parts := map[int32]bool{}
+	for _, r := range recs {
+		h := map[string]string{}
+		for _, rh := range r.Headers {
+			h[string(rh.Key)] = string(rh.Value)
+		}
+		ev, ok := byID[h[core.HeaderEventID]]
+		if !ok {
+			t.Fatalf("record without a known event_id: %v", h)
+		}
+		for k, v := range ev.MessageHeaders() {
+			if h[k] != v {
+				t.Errorf("record header %q = %q, want %q", k, h[k], v)
+			}
+		}
+		if string(r.Key) != ev.AggregateID {
+			t.Errorf("key = %q, want aggregate id %q", r.Key, ev.AggregateID)
+		}
+		if p, seen := partOf[ev.AggregateID]; seen && p != r.Partition {
+			t.Errorf("aggregate %s on partitions %d and %d", ev.AggregateID, p, r.Partition)
+		}
+		partOf[ev.AggregateID] = r.Partition
+		parts[r.Partition] = true
+		var n int
+		fmt.Sscanf(string(ev.Payload), `{"n":%d}`, &n)
+		if last, seen := lastN[ev.AggregateID]; seen && n < last {
+			t.Errorf("aggregate %s: #%d after #%d", ev.AggregateID, n, last)
+		}
+		lastN[ev.AggregateID] = n
+	}
+	if len(parts) < 2 {
+		t.Errorf("5 aggregates all on one partition: keys do not spread")
+	}
+}
+
+// The producer asks for acks=all and is idempotent: the cluster sees an
+// InitProducerID request, and every produce request has acks -1 and record
+// batches stamped with the producer ID and sequence numbers.
+func TestAcksAllAndIdempotentProducer(t *testing.T) {
+	t.Parallel()
+	cl := newCluster(t)
+	var initPID, produces, bad atomic.Int64
+	var mu sync.Mutex
+	var problems []string
+	cl.c.ControlKey(int16(kmsg.InitProducerID), func(kmsg.Request) (kmsg.Response, error, bool) {
+		cl.c.KeepControl()
+		initPID.Add(1)
+		return nil, nil, false
+	})
+	cl.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cl.c.KeepControl()
+		pr := req.(*kmsg.ProduceRequest)
+		produces.Add(1)
+		if pr.Acks != -1 {
+			bad.Add(1)
+			mu.Lock()
+			problems = append(problems, fmt.Sprintf("acks = %d", pr.Acks))
+			mu.Unlock()
+		}
+		for _, tp := range pr.Topics {
+			for _, pp := range tp.Partitions {
+				// RecordBatch v2: producerId is the int64 at byte 43.
+				if len(pp.Records) < 61 {
+					continue
+				}
+				if pid := int64(binary.BigEndian.Uint64(pp.Records[43:51])); pid < 0 {
+					bad.Add(1)
+					mu.Lock()
+					problems = append(problems, fmt.Sprintf("batch without producer id (%d)", pid))
+					mu.Unlock()
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	p := newPublisher(t, cl.addrs, kafkabroker.Options{})
+	var evs []core.Event
+	for i := range 20 {
+		evs = append(evs, event(t, "order.idem", fmt.Sprint("o-", i%4), i))
+	}
+	if err := p.Publish(t.Context(), evs); err != nil {
+		t.Fatal(err)
+	}
+	if initPID.Load() == 0 {
+		t.Error("no InitProducerID request: the producer is not idempotent")
+	}
+	if produces.Load() == 0 {
+		t.Fatal("no produce request seen")
+	}
+	if bad.Load() > 0 {
+		t.Errorf("%d bad produce requests: %v", bad.Load(), problems)
+	}
+}
+
+// Options.Sarama is overridden where an outbox needs it.
+func TestSaramaConfigIsMadeSafe(t *testing.T) {
+	cl := newCluster(t)
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V2_8_0_0
+	cfg.Producer.RequiredAcks = sarama.WaitForLocal
+	cfg.Producer.Idempotent = false
+	cfg.Net.MaxOpenRequests = 5
+	newPublisher(t, cl.addrs, kafkabroker.Options{Sarama: cfg})
+	if cfg.Producer.RequiredAcks != sarama.WaitForAll || !cfg.Producer.Idempotent || cfg.Net.MaxOpenRequests != 1 {
+		t.Errorf("acks %d, idempotent %v, max open requests %d", cfg.Producer.RequiredAcks, cfg.Producer.Idempotent, cfg.Net.MaxOpenRequests)
+	}
+	old := sarama.NewConfig()
+	old.Version = sarama.V0_10_2_0
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: cl.addrs, Sarama: old}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
+		t.Errorf("Kafka 0.10: NewPublisher = %v, want ErrInvalidOptions", err)
+	}
+}
+
+func TestTopicMap(t *testing.T) {
+	t.Parallel()
+	cl := newCluster(t)
+	p := newPublisher(t, cl.addrs, kafkabroker.Options{Topic: kafkabroker.TopicMap(map[string]string{"order.created": "orders"})})
+	evs := []core.Event{event(t, "order.created", "o-1", 0), event(t, "order.paid", "o-1", 1)}
+	if err := p.Publish(t.Context(), evs); err != nil {
+		t.Fatal(err)
+	}
+	if r := consumeAll(t, cl.addrs, "orders", 1); string(r[0].Key) != "o-1" {
+		t.Errorf("orders: key %q", r[0].Key)
+	}
+	consumeAll(t, cl.addrs, "order.paid", 1)
+}
+
+// Two subscribers in one consumer group share the partitions: between them
+// every event arrives.
+func TestConsumerGroupSharesPartitions(t *testing.T) {
+	t.Parallel()
+	cl := newCluster(t)
+	p := newPublisher(t, cl.addrs, kafkabroker.Options{})
+	et := "order.grouped"
+	group := "g-" + testenv.RandomSuffix()
+	a := receive(t, newSubscriber(t, cl.addrs, group), et)
+	b := receive(t, newSubscriber(t, cl.addrs, group), et)
+	var evs []core.Event
+	for i := range 40 {
+		evs = append(evs, event(t, et, fmt.Sprint("o-", i), i))
+	}
+	if err := p.Publish(t.Context(), evs); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got := a.ids()
+		for id, n := range b.ids() {
+			got[id] += n
+		}
+		missing := 0
+		for _, ev := range evs {
+			if got[ev.ID] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events never reached the group", missing, len(evs))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("group members received %d and %d", a.count(), b.count())
+}
+
+func TestInvalidOptions(t *testing.T) {
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
+		t.Errorf("no brokers: %v", err)
+	}
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, Concurrency: -1}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
+		t.Errorf("negative concurrency: %v", err)
+	}
+	if _, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: []string{"x:1"}}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
+		t.Errorf("no group: %v", err)
+	}
+}
+
+// received gathers one subscription's messages, acking each.
+type received struct {
+	mu   sync.Mutex
+	msgs []*message.Message
+}
+
+func receive(t testing.TB, sub message.Subscriber, topic string) *received {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatalf("subscribe %s: %v", topic, err)
+	}
+	r := &received{}
+	go func() {
+		for m := range ch {
+			m.Ack()
+			r.mu.Lock()
+			r.msgs = append(r.msgs, m)
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+func (r *received) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
+func (r *received) ids() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]int{}
+	for _, m := range r.msgs {
+		out[m.Metadata.Get(core.HeaderEventID)]++
+	}
+	return out
+}
+
+// waitIDs waits until every id arrived at least once.
+func (r *received) waitIDs(t testing.TB, ids []string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		got := r.ids()
+		missing := 0
+		for _, id := range ids {
+			if got[id] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events never arrived", missing, len(ids))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
