@@ -1,0 +1,79 @@
+package kafkabroker_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	"github.com/txoutbox/txoutbox/core"
+)
+
+// Tests named TestOutage* take a broker down; make test runs them in a
+// serial step of their own (go test -run Outage -p 1). kfake is in-process,
+// so this one disturbs no one, but it follows the convention.
+
+// The cluster is stopped (listeners and connections closed) and started
+// again on the same ports from its data directory: to sarama a broker
+// restart. While it is down every publish fails; after it is back the same
+// publisher and consumer group carry on and every event arrives.
+func TestOutagePublisherRecovers(t *testing.T) {
+	cl := newCluster(t, kfake.DataDir(t.TempDir()))
+	p := newPublisher(t, cl.addrs, kafkabroker.Options{})
+	et := "order.outage"
+	got := receive(t, newSubscriber(t, cl.addrs, "outage"), et)
+
+	batch := func(name string, n int) []core.Event {
+		evs := make([]core.Event, n)
+		for i := range evs {
+			evs[i] = event(t, et, fmt.Sprintf("%s-%d", name, i%3), i)
+		}
+		return evs
+	}
+	before, during := batch("before", 10), batch("during", 10)
+	if err := p.Publish(t.Context(), before); err != nil {
+		t.Fatalf("Publish before the outage: %v", err)
+	}
+	got.waitIDs(t, ids(before), 60*time.Second)
+
+	cl.stop()
+	for i := range 2 {
+		err := p.Publish(t.Context(), during)
+		var be *core.BatchError
+		if !errors.As(err, &be) || be.Failed() != len(during) {
+			t.Fatalf("attempt %d while down: Publish = %v, want all %d events failed", i, err, len(during))
+		}
+		if !errors.Is(err, kafkabroker.ErrPublish) {
+			t.Errorf("attempt %d while down: %v does not wrap ErrPublish", i, err)
+		}
+	}
+	cl.start(t)
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := p.Publish(t.Context(), during)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Publish still fails 60s after the cluster came back: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	after := batch("after", 10)
+	if err := p.Publish(t.Context(), after); err != nil {
+		t.Fatalf("Publish after recovery: %v", err)
+	}
+	got.waitIDs(t, append(ids(during), ids(after)...), 60*time.Second)
+}
+
+func ids(evs []core.Event) []string {
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = ev.ID
+	}
+	return out
+}
