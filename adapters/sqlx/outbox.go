@@ -50,8 +50,9 @@ import (
 	"github.com/txoutbox/txoutbox/dialect"
 )
 
-// ErrNotFound is returned by Get and GetBySeq when no event matches.
-var ErrNotFound = errors.New("txoutbox/sqlx: event not found")
+// ErrNotFound is returned (wrapped) by Get and GetBySeq when no event
+// matches. It is core.ErrEventNotFound, so either name works with errors.Is.
+var ErrNotFound = core.ErrEventNotFound
 
 // ErrInvalidOutcome is returned by a claim's Commit for an outcome that names
 // an event twice or one the claim does not hold. The claim is released.
