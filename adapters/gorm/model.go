@@ -1,0 +1,115 @@
+package gormoutbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+)
+
+// OutboxEvent is the outbox row as a GORM model of the PostgreSQL schema of
+// dialect's migrations, so that db.AutoMigrate(&gormoutbox.OutboxEvent{})
+// creates the same table, defaults and partial indexes as dialect.Migrate
+// (a test compares the catalogs). Use it to read the outbox with GORM; the
+// Plugin and Enqueue write rows with the dialect's INSERT, not through it.
+//
+// The model is the default table (dialect.DefaultTable) on PostgreSQL. For
+// another table name or SQLite, whose timestamps are fixed-format text a
+// GORM tag cannot declare portably, use AutoMigrate, which runs the SQL
+// migrations in those cases.
+type OutboxEvent struct {
+	// ID is also the second column of the claim and dead-letter indexes.
+	ID            int64           `gorm:"column:id;type:bigserial;primaryKey;autoIncrement;index:outbox_events_claim,priority:2;index:outbox_events_dead,priority:2"`
+	EventID       string          `gorm:"column:event_id;type:uuid;not null"`
+	AggregateType string          `gorm:"column:aggregate_type;type:text;not null;default:''"`
+	AggregateID   string          `gorm:"column:aggregate_id;type:text;not null;default:''"`
+	EventType     string          `gorm:"column:event_type;type:text;not null"`
+	Payload       json.RawMessage `gorm:"column:payload;type:jsonb;not null"`
+	Headers       json.RawMessage `gorm:"column:headers;type:jsonb;not null;default:'{}'"`
+	CreatedAt     time.Time       `gorm:"column:created_at;type:timestamptz;not null;default:now();autoCreateTime:false"`
+	PublishedAt   *time.Time      `gorm:"column:published_at;type:timestamptz;index:outbox_events_published,where:published_at IS NOT NULL"`
+	AttemptCount  int             `gorm:"column:attempt_count;type:integer;not null;default:0"`
+	LastError     *string         `gorm:"column:last_error;type:text"`
+	NextAttemptAt time.Time       `gorm:"column:next_attempt_at;type:timestamptz;not null;default:now();index:outbox_events_claim,priority:1,where:published_at IS NULL AND dead_at IS NULL"`
+	DeadAt        *time.Time      `gorm:"column:dead_at;type:timestamptz;index:outbox_events_dead,priority:1,where:dead_at IS NOT NULL"`
+}
+
+// TableName returns dialect.DefaultTable.
+func (OutboxEvent) TableName() string { return dialect.DefaultTable }
+
+// Event converts the row to a core.Event.
+func (r *OutboxEvent) Event() (core.Event, error) {
+	ev := core.Event{
+		Seq:           r.ID,
+		ID:            r.EventID,
+		AggregateType: r.AggregateType,
+		AggregateID:   r.AggregateID,
+		EventType:     r.EventType,
+		Payload:       r.Payload,
+		CreatedAt:     r.CreatedAt,
+		PublishedAt:   r.PublishedAt,
+		AttemptCount:  r.AttemptCount,
+		NextAttemptAt: r.NextAttemptAt,
+		DeadAt:        r.DeadAt,
+	}
+	if r.LastError != nil {
+		ev.LastError = *r.LastError
+	}
+	if len(r.Headers) > 0 {
+		if err := json.Unmarshal(r.Headers, &ev.Headers); err != nil {
+			return core.Event{}, fmt.Errorf("txoutbox/gorm: headers of event %s: %w", r.EventID, err)
+		}
+		if len(ev.Headers) == 0 {
+			ev.Headers = nil
+		}
+	}
+	return ev, nil
+}
+
+// MigrateOptions configures AutoMigrate.
+type MigrateOptions struct {
+	// Table is the outbox table. Default dialect.DefaultTable.
+	Table string
+	// Inbox also creates the consumers' inbox table (dialect's migrations
+	// only).
+	Inbox bool
+}
+
+// AutoMigrate creates or completes the outbox table on db. On PostgreSQL
+// with the default table it is GORM's AutoMigrate of OutboxEvent; otherwise
+// (SQLite, another table name, or Inbox) it runs dialect.Migrate on the
+// *sql.DB under GORM. Both give the same schema, and either may follow the
+// other.
+func AutoMigrate(db *gorm.DB, opts MigrateOptions) error {
+	d, err := dialect.ByName(db.Dialector.Name())
+	if err != nil {
+		return fmt.Errorf("txoutbox/gorm: dialector %q: %w", db.Dialector.Name(), err)
+	}
+	table := opts.Table
+	if table == "" {
+		table = dialect.DefaultTable
+	}
+	if d == dialect.Postgres && table == dialect.DefaultTable && !opts.Inbox {
+		if err := db.AutoMigrate(&OutboxEvent{}); err != nil {
+			return fmt.Errorf("txoutbox/gorm: automigrate %s: %w", table, err)
+		}
+		return nil
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return fmt.Errorf("txoutbox/gorm: %w", err)
+	}
+	ctx := db.Statement.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if err := dialect.Migrate(ctx, sqlDB, d, dialect.MigrateOptions{Table: table, SkipInbox: !opts.Inbox}); err != nil {
+		return fmt.Errorf("txoutbox/gorm: %w", err)
+	}
+	return nil
+}
