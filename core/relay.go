@@ -33,6 +33,13 @@ type RelayOptions struct {
 	MaxErrorLength int
 	// Logger receives the relay's structured logs. Default slog.Default().
 	Logger *slog.Logger
+	// Ordering selects per-aggregate ordering (see docs/ordering.md).
+	// Default OrderingAuto: ordered when the publisher's broker keeps
+	// per-key order (Kafka, SNS FIFO) and the store can claim in order.
+	Ordering OrderingMode
+	// Ordered configures ordered mode: the partition leaser shared with
+	// other relays, and the dead-letter policy.
+	Ordered OrderedOptions
 }
 
 func (o RelayOptions) withDefaults() (RelayOptions, error) {
@@ -84,11 +91,12 @@ type BatchResult struct {
 // A failed publish never fails its batch: the event is retried after a
 // backoff with jitter, and dead-lettered after RetryPolicy.MaxAttempts.
 type Relay struct {
-	store Store
-	pub   Publisher
-	opts  RelayOptions
-	log   *slog.Logger
-	wake  chan struct{}
+	store   Store
+	pub     Publisher
+	opts    RelayOptions
+	log     *slog.Logger
+	wake    chan struct{}
+	ordered bool // resolved from opts.Ordering at NewRelay
 
 	batches, published, failed, dead, released atomic.Int64
 }
@@ -106,8 +114,15 @@ func NewRelay(store Store, pub Publisher, opts RelayOptions) (*Relay, error) {
 		o.Logger.Info("txoutbox: relay concurrency capped by store", "asked", o.Concurrency, "max", l.MaxConcurrency())
 		o.Concurrency = l.MaxConcurrency()
 	}
-	return &Relay{store: store, pub: pub, opts: o, log: o.Logger, wake: make(chan struct{}, 1)}, nil
+	ordered, err := resolveOrdering(&o, store, pub)
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{store: store, pub: pub, opts: o, log: o.Logger, wake: make(chan struct{}, 1), ordered: ordered}, nil
 }
+
+// Ordered reports whether the relay runs in ordered mode.
+func (r *Relay) Ordered() bool { return r.ordered }
 
 // Options returns the relay's options with defaults applied.
 func (r *Relay) Options() RelayOptions { return r.opts }
@@ -138,17 +153,47 @@ func (r *Relay) Counters() RelayCounters {
 
 // Run runs the workers until ctx is cancelled, then lets batches in flight
 // finish (within ShutdownTimeout) and returns nil. Store errors are logged
-// and retried; Run does not return because of them.
+// and retried; Run does not return because of them. In ordered mode Run
+// also runs the PartitionLeaser, releasing the leases after the last batch;
+// if the leaser fails, Run stops the workers and returns its error.
 func (r *Relay) Run(ctx context.Context) error {
+	var leaser PartitionLeaser
+	if r.ordered {
+		leaser = r.opts.Ordered.Leaser
+	}
+	wctx, stopWorkers := context.WithCancel(ctx)
+	defer stopWorkers()
+	lctx, stopLeaser := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLeaser()
+	leaserDone := make(chan error, 1)
+	if leaser != nil {
+		go func() {
+			err := leaser.Run(lctx)
+			if err != nil {
+				stopWorkers()
+			}
+			leaserDone <- err
+		}()
+	}
 	var wg sync.WaitGroup
 	for i := range r.opts.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.work(ctx, r.log.With("worker", i))
+			r.work(wctx, i, r.log.With("worker", i))
 		}()
 	}
 	wg.Wait()
+	if leaser == nil {
+		return nil
+	}
+	// The leases go only after the last batch: handing a partition over
+	// while its batch is in flight would be safe (the store fences claims)
+	// but would make the successor wait.
+	stopLeaser()
+	if err := <-leaserDone; err != nil {
+		return fmt.Errorf("txoutbox: partition leaser: %w", err)
+	}
 	return nil
 }
 
@@ -161,13 +206,13 @@ var wakeGrace = []time.Duration{
 	16 * time.Millisecond, 32 * time.Millisecond, 64 * time.Millisecond, 128 * time.Millisecond,
 }
 
-func (r *Relay) work(ctx context.Context, log *slog.Logger) {
+func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	errWait := time.Duration(0)
 	grace := len(wakeGrace) // no grace until woken
 	for {
-		res, err := r.ProcessBatch(ctx)
+		res, err := r.processBatch(ctx, worker)
 		if ctx.Err() != nil {
 			return
 		}
@@ -212,11 +257,26 @@ func (r *Relay) work(ctx context.Context, log *slog.Logger) {
 // what each worker of Run does in a loop; tests and tools call it directly.
 // If ctx is cancelled after the claim, the batch still finishes within
 // ShutdownTimeout.
+//
+// In ordered mode the batch comes from the partitions the relay holds (all
+// of its workers' partitions) and is published in aggregate order.
 func (r *Relay) ProcessBatch(ctx context.Context) (BatchResult, error) {
+	return r.processBatch(ctx, -1)
+}
+
+func (r *Relay) processBatch(ctx context.Context, worker int) (BatchResult, error) {
 	if err := ctx.Err(); err != nil {
 		return BatchResult{}, err
 	}
-	claim, err := r.store.Claim(ctx, ClaimRequest{Limit: r.opts.BatchSize})
+	req := ClaimRequest{Limit: r.opts.BatchSize}
+	if r.ordered {
+		oc, ok := r.orderedRequest(worker)
+		if !ok {
+			return BatchResult{}, nil // no partitions held (yet)
+		}
+		req.Ordered = oc
+	}
+	claim, err := r.store.Claim(ctx, req)
 	if err != nil {
 		return BatchResult{}, fmt.Errorf("txoutbox: claim: %w", err)
 	}
@@ -236,14 +296,26 @@ func (r *Relay) ProcessBatch(ctx context.Context) (BatchResult, error) {
 	})
 	defer stop()
 
-	pubErr := r.publish(bctx, events)
-	if bctx.Err() != nil {
+	var (
+		out Outcome
+		res BatchResult
+		cut bool
+	)
+	if r.ordered {
+		out, res, cut = r.publishOrdered(bctx, events)
+	} else {
+		pubErr := r.publish(bctx, events)
+		cut = bctx.Err() != nil
+		if !cut {
+			out, res = r.outcome(events, pubErr)
+		}
+	}
+	if cut {
 		// Cut off by shutdown: outcomes are unknown, so mark nothing.
 		r.released.Add(int64(len(events)))
 		r.log.Warn("txoutbox: shutdown cut a batch off; it will be published again", "events", len(events))
 		return BatchResult{Claimed: len(events)}, r.release(claim)
 	}
-	out, res := r.outcome(events, pubErr)
 	if err := claim.Commit(bctx, out); err != nil {
 		// Published but not marked: the claim is gone with its transaction,
 		// so the batch is published again. The inbox absorbs the duplicates.

@@ -30,6 +30,10 @@ type Store interface {
 type ClaimRequest struct {
 	// Limit is the maximum number of events to claim; it is always > 0.
 	Limit int
+	// Ordered, when set, asks for an ordered claim (see OrderedClaim). The
+	// relay sets it only on stores that implement OrderedStore and report
+	// OrderedClaims; other stores may ignore it.
+	Ordered *OrderedClaim
 }
 
 // Claim is a batch of events held by one relay.
