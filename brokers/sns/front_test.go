@@ -66,8 +66,9 @@ type front struct {
 	proxy  *httputil.ReverseProxy
 
 	mu       sync.Mutex
-	batches  [][]sentEntry // PublishBatch calls, as received
-	singles  []sentEntry   // Publish calls
+	actions  map[string]int // calls per Action
+	batches  [][]sentEntry  // PublishBatch calls, as received
+	singles  []sentEntry    // Publish calls
 	failWith func(e sentEntry) (code string, senderFault bool, fail bool)
 	drop     func(e sentEntry) bool // answer neither Successful nor Failed
 	failCall func(entries []sentEntry) (status int, code string, fail bool)
@@ -99,6 +100,12 @@ func (f *front) Singles() []sentEntry {
 	return append([]sentEntry(nil), f.singles...)
 }
 
+func (f *front) Calls(action string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.actions[action]
+}
+
 func (f *front) set(fn func(f *front)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -116,6 +123,12 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	f.mu.Lock()
+	if f.actions == nil {
+		f.actions = map[string]int{}
+	}
+	f.actions[form.Get("Action")]++
+	f.mu.Unlock()
 	switch form.Get("Action") {
 	case "PublishBatch":
 		f.publishBatch(w, r.Context(), form)
