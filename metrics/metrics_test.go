@@ -438,3 +438,48 @@ func TestRegistryIsInjectedNotGlobal(t *testing.T) {
 		t.Fatalf("negative threshold: %v", err)
 	}
 }
+
+type orderedMemStore struct{ *memStore }
+
+func (orderedMemStore) OrderedClaims() bool { return true }
+
+type orderedLimitedStore struct{ *memStore }
+
+func (orderedLimitedStore) OrderedClaims() bool { return true }
+func (orderedLimitedStore) MaxConcurrency() int { return 2 }
+
+type orderingPublisher struct{ core.Publisher }
+
+func (orderingPublisher) PreservesAggregateOrder() bool { return true }
+
+// The relay finds ordered mode and its concurrency cap by type assertion; a
+// decorator must not hide them.
+func TestDecoratorsKeepOptionalInterfaces(t *testing.T) {
+	m, err := metrics.New(metrics.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name             string
+		store            core.Store
+		limited, ordered bool
+	}{
+		{"plain", newMemStore(), false, false},
+		{"limited", limitedMemStore{newMemStore()}, true, false},
+		{"ordered", orderedMemStore{newMemStore()}, false, true},
+		{"both", orderedLimitedStore{newMemStore()}, true, true},
+	} {
+		s := m.Store(tc.store)
+		_, isL := s.(core.ConcurrencyLimiter)
+		os, isO := s.(core.OrderedStore)
+		if isL != tc.limited || isO != tc.ordered || (isO && !os.OrderedClaims()) {
+			t.Errorf("%s: limiter %v ordered %v, want %v %v", tc.name, isL, isO, tc.limited, tc.ordered)
+		}
+	}
+	if _, ok := m.Publisher(failTypes()).(core.OrderingPublisher); ok {
+		t.Error("a plain publisher gained PreservesAggregateOrder")
+	}
+	if op, ok := m.Publisher(orderingPublisher{failTypes()}).(core.OrderingPublisher); !ok || !op.PreservesAggregateOrder() {
+		t.Error("PreservesAggregateOrder lost by the decorator")
+	}
+}

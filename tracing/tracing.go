@@ -91,7 +91,7 @@ type Options struct {
 type Tracing struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
-	// batches maps the first Seq of each open claim to its batch span, so
+	// batches maps the Seqs of each open claim to its batch span, so
 	// that the publish span joins the batch's trace.
 	batches sync.Map // int64 -> trace.SpanContext
 }
@@ -200,7 +200,7 @@ func fail(span trace.Span, err error) {
 // own headers are passed on unchanged, so consumers continue the producer's
 // trace. Events that failed are recorded as span events with their error.
 func (t *Tracing) Publisher(p core.Publisher) core.Publisher {
-	return core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
+	return forwardPublisher(p, core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
 		links := make([]trace.Link, 0, min(len(events), MaxLinks))
 		for i := range events {
 			if len(links) == MaxLinks {
@@ -240,7 +240,7 @@ func (t *Tracing) Publisher(p core.Publisher) core.Publisher {
 			span.SetStatus(codes.Error, strconv.Itoa(failed)+" of "+strconv.Itoa(len(events))+" events failed: "+err.Error())
 		}
 		return err
-	})
+	}))
 }
 
 // Store returns s decorated with spans: each claim that returns events gets
@@ -249,26 +249,16 @@ func (t *Tracing) Publisher(p core.Publisher) core.Publisher {
 // the SpanPublish span too when the publisher is decorated by the same
 // Tracing. An empty claim makes no span, so that an idle relay polling every
 // second does not flood the tracing backend; a failed claim makes a SpanClaim
-// span with the error. If s is a core.ConcurrencyLimiter, so is the result.
+// span with the error. The result implements the optional interfaces of s that
+// the relay asserts (core.ConcurrencyLimiter, core.OrderedStore).
 func (t *Tracing) Store(s core.Store) core.Store {
-	st := &store{inner: s, t: t}
-	if l, ok := s.(core.ConcurrencyLimiter); ok {
-		return &limitedStore{store: st, l: l}
-	}
-	return st
+	return forwardStore(s, &store{inner: s, t: t})
 }
 
 type store struct {
 	inner core.Store
 	t     *Tracing
 }
-
-type limitedStore struct {
-	*store
-	l core.ConcurrencyLimiter
-}
-
-func (s *limitedStore) MaxConcurrency() int { return s.l.MaxConcurrency() }
 
 func (s *store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
 	start := time.Now()
@@ -291,23 +281,30 @@ func (s *store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 	_, span := s.t.tracer.Start(bctx, SpanClaim, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start),
 		trace.WithAttributes(AttrClaimLimit.Int(req.Limit), AttrBatchCount.Int(len(events))))
 	span.End()
-	// An open claim holds its events exclusively, so the first Seq names the
-	// batch until the claim ends.
-	s.t.batches.Store(events[0].Seq, batch.SpanContext())
-	return &claim{Claim: c, t: s.t, batch: batch, key: events[0].Seq}, nil
+	// An open claim holds its events exclusively, so each Seq names the
+	// batch until the claim ends. Every Seq, not just the first: in ordered
+	// mode the relay publishes a claim in several rounds.
+	seqs := make([]int64, len(events))
+	for i := range events {
+		seqs[i] = events[i].Seq
+		s.t.batches.Store(seqs[i], batch.SpanContext())
+	}
+	return &claim{Claim: c, t: s.t, batch: batch, seqs: seqs}, nil
 }
 
 type claim struct {
 	core.Claim
 	t     *Tracing
 	batch trace.Span
-	key   int64
+	seqs  []int64
 	once  sync.Once
 }
 
 func (c *claim) end() {
 	c.once.Do(func() {
-		c.t.batches.Delete(c.key)
+		for _, seq := range c.seqs {
+			c.t.batches.Delete(seq)
+		}
 		c.batch.End()
 	})
 }
@@ -339,4 +336,47 @@ func (c *claim) Release(ctx context.Context) error {
 	span.End()
 	c.end()
 	return err
+}
+
+// orderedClaims is the method of core.OrderedStore beyond Store.
+type orderedClaims interface{ OrderedClaims() bool }
+
+// forwardStore returns d, the decorator of inner, with the optional
+// interfaces of inner that the relay looks for by type assertion, so that
+// decorating a store never changes how the relay runs it (its concurrency
+// cap, ordered mode).
+func forwardStore(inner, d core.Store) core.Store {
+	l, isL := inner.(core.ConcurrencyLimiter)
+	o, isO := inner.(core.OrderedStore)
+	switch {
+	case isL && isO:
+		return struct {
+			core.Store
+			core.ConcurrencyLimiter
+			orderedClaims
+		}{d, l, o}
+	case isL:
+		return struct {
+			core.Store
+			core.ConcurrencyLimiter
+		}{d, l}
+	case isO:
+		return struct {
+			core.Store
+			orderedClaims
+		}{d, o}
+	}
+	return d
+}
+
+// forwardPublisher returns d, the decorator of inner, with inner's
+// core.OrderingPublisher, which the relay's OrderingAuto looks for.
+func forwardPublisher(inner, d core.Publisher) core.Publisher {
+	if op, ok := inner.(core.OrderingPublisher); ok {
+		return struct {
+			core.Publisher
+			core.OrderingPublisher
+		}{d, op}
+	}
+	return d
 }

@@ -266,3 +266,25 @@ func TestConsumerContinuesProducerTrace(t *testing.T) {
 		t.Errorf("statuses %v, %v; want only the failed handler's span in error", consume[0].Status(), consume[1].Status())
 	}
 }
+
+type ordered struct{ *memStore }
+
+func (ordered) OrderedClaims() bool { return true }
+
+type orderingPublisher struct{ core.Publisher }
+
+func (orderingPublisher) PreservesAggregateOrder() bool { return true }
+
+func TestDecoratorsKeepOrderedMode(t *testing.T) {
+	tr, _, _ := setup(t)
+	if os, ok := tr.Store(ordered{&memStore{}}).(core.OrderedStore); !ok || !os.OrderedClaims() {
+		t.Fatal("OrderedStore lost by the decorator")
+	}
+	nop := core.PublisherFunc(func(context.Context, []core.Event) error { return nil })
+	if op, ok := tr.Publisher(orderingPublisher{nop}).(core.OrderingPublisher); !ok || !op.PreservesAggregateOrder() {
+		t.Fatal("OrderingPublisher lost by the decorator")
+	}
+	if _, ok := tr.Publisher(nop).(core.OrderingPublisher); ok {
+		t.Fatal("a plain publisher gained PreservesAggregateOrder")
+	}
+}
