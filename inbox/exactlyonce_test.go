@@ -1,0 +1,79 @@
+package inbox_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jmoiron/sqlx"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// newProducer is the producer side of the end-to-end test: the sqlx
+// outbox on a fresh PostgreSQL database, next to an orders table that each
+// producer transaction writes too.
+func newProducer(t *testing.T) *outboxtest.StoreFixture {
+	t.Helper()
+	ctx := t.Context()
+	db := sqlx.NewDb(testenv.OpenPostgres(t), "pgx")
+	if err := dialect.Migrate(ctx, db.DB, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id TEXT PRIMARY KEY, events INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	box, err := sqlxoutbox.New(db, sqlxoutbox.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &outboxtest.StoreFixture{
+		Store: box,
+		Enqueue: func(ctx context.Context, evs []core.Event, commit bool) error {
+			tx, err := db.BeginTxx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, events) VALUES ($1, $2)`, evs[0].ID, len(evs)); err != nil {
+				return err
+			}
+			if err := box.Enqueue(ctx, tx, evs...); err != nil {
+				return err
+			}
+			if !commit {
+				return tx.Rollback()
+			}
+			return tx.Commit()
+		},
+		Get:              box.Get,
+		Stats:            box,
+		Cleaner:          box,
+		ConcurrentClaims: true,
+	}
+}
+
+// newConsumer is the consumer side: the inbox on its own PostgreSQL
+// database, with the consumer's own effects table.
+func newConsumer(t *testing.T) *outboxtest.InboxFixture {
+	f, _, _ := backends[0].newSQLFixture(t, false)
+	return f
+}
+
+func TestExactlyOnceGoChannel(t *testing.T) {
+	t.Parallel()
+	outboxtest.RunExactlyOnce(t, newProducer, func(t *testing.T) *outboxtest.BrokerFixture {
+		ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+		t.Cleanup(func() { ps.Close() })
+		return &outboxtest.BrokerFixture{Publisher: core.NewWatermillPublisher(ps, nil), Subscriber: ps}
+	}, newConsumer)
+}
+
