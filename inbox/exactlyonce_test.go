@@ -76,4 +76,3 @@ func TestExactlyOnceGoChannel(t *testing.T) {
 		return &outboxtest.BrokerFixture{Publisher: core.NewWatermillPublisher(ps, nil), Subscriber: ps}
 	}, newConsumer)
 }
-
