@@ -17,8 +17,8 @@ import (
 	"gorm.io/gorm/logger"
 	_ "modernc.org/sqlite" // the pure-Go "sqlite" database/sql driver
 
-	"github.com/txoutbox/txoutbox/core"
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
+	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"gorm.io/gorm"
@@ -78,6 +79,9 @@ type MigrateOptions struct {
 	// Inbox also creates the consumers' inbox table (dialect's migrations
 	// only).
 	Inbox bool
+	// Logger receives one line per SQL migration applied. Default
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // AutoMigrate creates or completes the outbox table on db. On PostgreSQL
@@ -108,7 +112,7 @@ func AutoMigrate(db *gorm.DB, opts MigrateOptions) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if err := dialect.Migrate(ctx, sqlDB, d, dialect.MigrateOptions{Table: table, SkipInbox: !opts.Inbox}); err != nil {
+	if err := dialect.Migrate(ctx, sqlDB, d, dialect.MigrateOptions{Table: table, SkipInbox: !opts.Inbox, Logger: opts.Logger}); err != nil {
 		return fmt.Errorf("txoutbox/gorm: %w", err)
 	}
 	return nil
