@@ -1,0 +1,344 @@
+package pgnotify_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jmoiron/sqlx"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/pgnotify"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// wakes is a core.Notifier that counts and signals its calls.
+type wakes struct {
+	mu sync.Mutex
+	n  int
+	ch chan struct{}
+}
+
+func newWakes() *wakes { return &wakes{ch: make(chan struct{}, 1000)} }
+
+func (w *wakes) Notify() {
+	w.mu.Lock()
+	w.n++
+	w.mu.Unlock()
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (w *wakes) drain() {
+	for {
+		select {
+		case <-w.ch:
+		default:
+			return
+		}
+	}
+}
+
+// wait waits for the next call; the deadline only guards against a hang.
+func (w *wakes) wait(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-w.ch:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no wake-up: %s", what)
+	}
+}
+
+// eventually polls cond; the deadline only guards against a hang.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("never happened: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func run(t *testing.T, fn func(ctx context.Context) error) {
+	t.Helper()
+	runB(t, fn)
+}
+
+func runB(t testing.TB, fn func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run returned %v", err)
+		}
+	})
+}
+
+func notifyRaw(t *testing.T, dsn, channel string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SELECT pg_notify($1, 'x')", channel); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func terminate(t *testing.T, dsn string, pid uint32) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(pid)).Scan(&ok); err != nil || !ok {
+		t.Fatalf("terminate backend %d: %v %v", pid, ok, err)
+	}
+}
+
+func TestOptionsValidation(t *testing.T) {
+	t.Parallel()
+	long := string(make([]byte, 64))
+	if _, err := pgnotify.NewListener("postgres://x", nil, pgnotify.ListenerOptions{}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+		t.Errorf("nil target: %v", err)
+	}
+	if _, err := pgnotify.NewListener("postgres://x", newWakes(), pgnotify.ListenerOptions{Channel: long}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+		t.Errorf("long channel: %v", err)
+	}
+	if _, err := pgnotify.NewListener("not a dsn ://", newWakes(), pgnotify.ListenerOptions{}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+		t.Errorf("bad dsn: %v", err)
+	}
+	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{Debounce: -1}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+		t.Errorf("negative debounce: %v", err)
+	}
+	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{MinBackoff: time.Second, MaxBackoff: time.Millisecond}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+		t.Errorf("max below min backoff: %v", err)
+	}
+	n, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Channel() != pgnotify.DefaultChannel || n.Options().Debounce != pgnotify.DefaultDebounce {
+		t.Errorf("defaults: channel %q debounce %v", n.Channel(), n.Options().Debounce)
+	}
+}
+
+func TestListenerWakesTargetAndReconnects(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	w := newWakes()
+	l, err := pgnotify.NewListener(dsn, w, pgnotify.ListenerOptions{Channel: "Orders Events", MinBackoff: 10 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, l.Run)
+	<-l.Ready()
+	w.wait(t, "the wake-up after connecting")
+	w.drain()
+
+	notifyRaw(t, dsn, "Orders Events")
+	w.wait(t, "a NOTIFY on a channel whose name needs quoting")
+	eventually(t, "notification counted", func() bool { return l.Stats().Notifications == 1 })
+
+	notifyRaw(t, dsn, "other_channel")
+	notifyRaw(t, dsn, "Orders Events")
+	w.wait(t, "the second NOTIFY")
+	eventually(t, "only our channel counted", func() bool { return l.Stats().Notifications == 2 })
+
+	// A dropped connection: the listener reconnects and wakes the target,
+	// since it may have missed notifications meanwhile.
+	if err := l.Run(context.Background()); !errors.Is(err, pgnotify.ErrAlreadyRunning) {
+		t.Errorf("second Run: %v", err)
+	}
+	w.drain()
+	terminate(t, dsn, l.BackendPID())
+	eventually(t, "reconnected", func() bool { return l.Stats().Connects == 2 })
+	w.wait(t, "the wake-up after reconnecting")
+	if s := l.Stats(); s.Errors < 1 {
+		t.Errorf("stats after a lost connection: %+v", s)
+	}
+	w.drain()
+	notifyRaw(t, dsn, "Orders Events")
+	w.wait(t, "a NOTIFY after the reconnect")
+}
+
+func TestNotifierCoalescesABurst(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	w := newWakes()
+	l, err := pgnotify.NewListener(dsn, w, pgnotify.ListenerOptions{Channel: "burst", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, l.Run)
+	<-l.Ready()
+
+	// A window of an hour: the first request is sent at once, the other 999
+	// of the burst wait for the window to end, so exactly one NOTIFY goes
+	// out however fast the loop runs.
+	n, err := pgnotify.NewNotifier(dsn, pgnotify.NotifierOptions{Channel: "burst", Debounce: time.Hour, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, n.Run)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 250 {
+				n.Notify()
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, "one NOTIFY sent", func() bool { return n.Stats().Sent == 1 })
+	eventually(t, "one NOTIFY received", func() bool { return l.Stats().Notifications == 1 })
+	if s := n.Stats(); s.Requested != 1000 || s.Sent != 1 || s.Errors != 0 {
+		t.Errorf("notifier stats %+v, want 1000 requested, 1 sent", s)
+	}
+	if l.Stats().Notifications != 1 {
+		t.Errorf("listener got %d notifications, want 1", l.Stats().Notifications)
+	}
+}
+
+func TestNotifierSendsEveryWindowAndReconnects(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	w := newWakes()
+	l, err := pgnotify.NewListener(dsn, w, pgnotify.ListenerOptions{Channel: "reconnect", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, l.Run)
+	<-l.Ready()
+	n, err := pgnotify.NewNotifier(dsn, pgnotify.NotifierOptions{Channel: "reconnect", MinBackoff: 10 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, n.Run)
+
+	// Requests spaced by waiting for each to arrive are never coalesced.
+	for i := 1; i <= 3; i++ {
+		n.Notify()
+		eventually(t, "notification arrived", func() bool { return l.Stats().Notifications == int64(i) })
+	}
+	if s := n.Stats(); s.Sent != 3 {
+		t.Errorf("sent %d, want 3", s.Sent)
+	}
+
+	// Kill the notifier's connection: the next request fails (one wake-up
+	// lost, the poll covers it), the one after reconnects and arrives.
+	terminate(t, dsn, n.BackendPID())
+	before := l.Stats().Notifications
+	eventually(t, "a notification after the connection was killed", func() bool {
+		n.Notify()
+		time.Sleep(20 * time.Millisecond)
+		return l.Stats().Notifications > before
+	})
+	if s := n.Stats(); s.Errors < 1 {
+		t.Errorf("stats after a killed connection: %+v", s)
+	}
+}
+
+// TestRelayWokenAcrossConnections is the whole path on the real database: a
+// producer's Enqueue asks the Notifier, the Notifier's NOTIFY reaches the
+// Listener, the Listener wakes a relay that would otherwise not poll for an
+// hour, and the relay publishes the event.
+func TestRelayWokenAcrossConnections(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	ctx := context.Background()
+	db, err := sqlx.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := dialect.Migrate(ctx, db.DB, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+
+	n, err := pgnotify.NewNotifier(dsn, pgnotify.NotifierOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, n.Run)
+	producer, err := sqlxoutbox.New(db, sqlxoutbox.Options{Notifier: n, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayStore, err := sqlxoutbox.New(db, sqlxoutbox.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := make(chan core.Event, 10)
+	pub := core.PublisherFunc(func(_ context.Context, evs []core.Event) error {
+		for _, ev := range evs {
+			published <- ev
+		}
+		return nil
+	})
+	relay, err := core.NewRelay(relayStore, pub, core.RelayOptions{PollInterval: time.Hour, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := pgnotify.NewListener(dsn, relay, pgnotify.ListenerOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, l.Run)
+	<-l.Ready()
+	run(t, relay.Run)
+	// After each publish the relay waits for its hour-long poll, so every
+	// event after the first can only be published because a notification
+	// woke the relay.
+	for i := range 3 {
+		ev, err := core.NewEvent("order", "o-1", "order.created", map[string]int{"n": i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := []core.Event{ev}
+		if err := producer.Enqueue(ctx, tx, evs...); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-published:
+			if got.ID != evs[0].ID {
+				t.Fatalf("published %s, want %s", got.ID, evs[0].ID)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("event %d not published: no wake-up reached the relay (notifier %+v, listener %+v)", i, n.Stats(), l.Stats())
+		}
+	}
+	if s := l.Stats(); s.Notifications < 1 {
+		t.Errorf("listener stats %+v", s)
+	}
+}
