@@ -48,29 +48,28 @@ func TestEnqueueCommitAndRollback(t *testing.T) {
 	})
 }
 
-// An event enqueued but not yet committed is invisible to claims.
-func TestUncommittedInvisible(t *testing.T) {
-	forEach(t, func(t *testing.T, e *env) {
-		if e.b.d == dialect.SQLite {
-			// One writer: the open producer transaction would block the
-			// claim's write until busy_timeout; covered on PostgreSQL.
-			return
-		}
-		ctx := context.Background()
-		tx, err := e.db.BeginTxx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback()
-		if err := e.box.Enqueue(ctx, tx, events(3, "x", 1)...); err != nil {
-			t.Fatal(err)
-		}
-		c := e.claim(t, 10)
-		if n := len(c.Events()); n != 0 {
-			t.Errorf("claimed %d uncommitted events", n)
-		}
-		c.Release(ctx)
-	})
+// An event enqueued but not yet committed is invisible to claims. (On SQLite
+// the open producer transaction holds the only write lock, so the claim
+// would wait for it instead.)
+func TestUncommittedInvisiblePostgres(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backends[0], sqlxoutbox.Options{})
+	ctx := context.Background()
+	tx, err := e.db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := e.box.Enqueue(ctx, tx, events(3, "x", 1)...); err != nil {
+		t.Fatal(err)
+	}
+	c := e.claim(t, 10)
+	if n := len(c.Events()); n != 0 {
+		t.Errorf("claimed %d uncommitted events", n)
+	}
+	if err := c.Release(ctx); err != nil {
+		t.Error(err)
+	}
 }
 
 func TestEnqueueBatch(t *testing.T) {
@@ -211,11 +210,115 @@ func TestClaimCommitRelease(t *testing.T) {
 			t.Errorf("Commit(seq twice) = %v, want ErrInvalidOutcome", err)
 		}
 
-		// An empty claim commits and releases cleanly.
 		if _, err := e.box.Claim(ctx, core.ClaimRequest{}); !errors.Is(err, core.ErrInvalidOptions) {
 			t.Errorf("Claim(limit 0) = %v", err)
 		}
 	})
+}
+
+func TestEmptyClaim(t *testing.T) {
+	forEach(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		for _, finish := range []func(core.Claim) error{
+			func(c core.Claim) error { return c.Release(ctx) },
+			func(c core.Claim) error { return c.Commit(ctx, core.Outcome{}) },
+		} {
+			c := e.claim(t, 10)
+			if len(c.Events()) != 0 {
+				t.Fatalf("claimed %d events from an empty table", len(c.Events()))
+			}
+			if err := finish(c); err != nil {
+				t.Errorf("finishing an empty claim: %v", err)
+			}
+			if err := c.Release(ctx); !errors.Is(err, core.ErrClaimDone) {
+				t.Errorf("Release after finish = %v, want ErrClaimDone", err)
+			}
+		}
+	})
+}
+
+// The relay finishes a batch after its context is cancelled (shutdown), so
+// a claim must outlive the context it was made with.
+func TestClaimOutlivesItsContext(t *testing.T) {
+	forEach(t, func(t *testing.T, e *env) {
+		evs := e.enqueue(t, true, events(2, "x", 1)...)
+		ctx, cancel := context.WithCancel(context.Background())
+		c, err := e.box.Claim(ctx, core.ClaimRequest{Limit: 10})
+		if err != nil || len(c.Events()) != 2 {
+			t.Fatalf("Claim = %v, %v", c, err)
+		}
+		cancel()
+		time.Sleep(20 * time.Millisecond) // database/sql would roll back here
+		if err := c.Commit(context.Background(), core.Outcome{Published: seqsOf(evs)}); err != nil {
+			t.Fatalf("Commit after the claim's context ended: %v", err)
+		}
+		if got := e.get(t, evs[1].ID); got.PublishedAt == nil {
+			t.Errorf("not marked published: %+v", got)
+		}
+	})
+}
+
+// A claim whose relay died (PostgreSQL: connection gone) frees its events.
+func TestAbandonedClaimPostgres(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backends[0], sqlxoutbox.Options{})
+	ctx := context.Background()
+	evs := e.enqueue(t, true, events(4, "x", 1)...)
+	dead := e.claim(t, 10)
+	if len(dead.Events()) != 4 {
+		t.Fatalf("claimed %d", len(dead.Events()))
+	}
+	if n := len(e.claim(t, 10).Events()); n != 0 {
+		t.Fatalf("events of an open claim claimed again: %d", n)
+	}
+	var killed int
+	if err := e.db.GetContext(ctx, &killed, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"+
+		" WHERE datname = current_database() AND state = 'idle in transaction'"); err != nil || killed != 1 {
+		t.Fatalf("terminated %d backends, %v; want the claim's one", killed, err)
+	}
+	// pg_terminate_backend only signals: the locks go a moment later.
+	var c core.Claim
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c = e.claim(t, 10)
+		if len(c.Events()) > 0 || time.Now().After(deadline) {
+			break
+		}
+		c.Release(ctx)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := seqsOf(c.Events()); !slices.Equal(got, seqsOf(evs)) {
+		t.Errorf("after the crash claimed %v, want %v", got, seqsOf(evs))
+	}
+	if err := dead.Commit(ctx, core.Outcome{Published: seqsOf(evs)}); err == nil {
+		t.Errorf("Commit of the dead claim succeeded")
+	}
+	if err := c.Commit(ctx, core.Outcome{Published: seqsOf(evs)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A claim whose relay died (SQLite: no release) frees its events when its
+// lease expires, and not before.
+func TestAbandonedClaimSQLite(t *testing.T) {
+	t.Parallel()
+	const lease = 400 * time.Millisecond
+	e := newEnv(t, backends[1], sqlxoutbox.Options{ClaimLease: lease})
+	evs := e.enqueue(t, true, events(4, "x", 1)...)
+	start := time.Now()
+	if n := len(e.claim(t, 10).Events()); n != 4 {
+		t.Fatalf("claimed %d", n)
+	}
+	if n := len(e.claim(t, 10).Events()); n != 0 && time.Since(start) < lease {
+		t.Fatalf("events of a live lease claimed again: %d", n)
+	}
+	time.Sleep(lease + 50*time.Millisecond)
+	c := e.claim(t, 10)
+	if got := seqsOf(c.Events()); !slices.Equal(got, seqsOf(evs)) {
+		t.Errorf("after the lease claimed %v, want %v", got, seqsOf(evs))
+	}
+	if err := c.Commit(context.Background(), core.Outcome{Published: seqsOf(evs)}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Two open claims never share an event; on PostgreSQL by SKIP LOCKED, on
