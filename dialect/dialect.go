@@ -13,6 +13,31 @@
 //
 // The only text ever interpolated into SQL is a table name, and only after
 // ValidateIdentifier accepted it: every other value is a bind argument.
+// Names are double-quoted in SQL, so reserved words work and names are
+// case-sensitive as written.
+//
+// # Schema
+//
+// Migrate creates the tables from the embedded, versioned files in
+// migrations/<dialect>/<component>/NNNN_name.sql and records them in
+// txoutbox_migrations; Migrations returns the same SQL for other migration
+// tools. The outbox table has a partial index for the claim (next_attempt_at,
+// id WHERE published_at IS NULL AND dead_at IS NULL), so that the claim stays
+// fast however many published rows retention keeps, one for cleanup on
+// published_at, and one on dead rows.
+//
+// There is deliberately no unique index on event_id: every producer
+// transaction would maintain one more B-tree, keyed by a UUID, for a
+// guarantee nobody needs there. IDs are UUIDv7, unique by construction, and
+// duplicates are absorbed where they matter, by the consumers' inbox
+// (primary key (consumer, event_id)). Looking an event up by ID therefore
+// scans; add an index yourself if your operators do it often.
+//
+// On SQLite, timestamps are TEXT in one fixed UTC format with milliseconds
+// ("2006-01-02T15:04:05.000Z"), always produced by
+// strftime('%Y-%m-%dT%H:%M:%fZ', ...) in SQL or TimeArg in Go, so comparing
+// the text compares the times; JSON columns are TEXT. SQLite claims are
+// leases (ClaimLease) kept in an extra claimed_until column.
 package dialect
 
 import (

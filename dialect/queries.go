@@ -175,8 +175,8 @@ func (q *Queries) MarkPublished(seqs []int64) (string, []any) {
 type failureJSON struct {
 	Seq     int64  `json:"seq"`
 	Err     string `json:"err"`
-	RetryUS int64  `json:"retry_us"` // PostgreSQL
-	Mod     string `json:"mod,omitempty"`      // SQLite date modifier
+	RetryUS int64  `json:"retry_us"`      // PostgreSQL
+	Mod     string `json:"mod,omitempty"` // SQLite date modifier
 	Dead    bool   `json:"dead"`
 }
 

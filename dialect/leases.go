@@ -1,0 +1,120 @@
+package dialect
+
+import (
+	"fmt"
+	"time"
+)
+
+// LeaseQueries is the SQL of partition leases for one outbox table (the
+// relay group), PostgreSQL only; the tables come from OrderedMigrations.
+// Every time is the database's, so relays with skewed clocks agree.
+type LeaseQueries struct {
+	d      Dialect
+	group  string
+	leases string
+	relays string
+}
+
+// Leases returns the lease statements of q's outbox table. It fails with an
+// error wrapping ErrUnsupported on SQLite.
+func (q *Queries) Leases() (*LeaseQueries, error) {
+	if q.d.kind != kindPostgres {
+		return nil, fmt.Errorf("%w: partition leases on %s (it runs one relay)", ErrUnsupported, q.d.Name())
+	}
+	prefix := ""
+	if q.id.Schema != "" {
+		prefix = q.d.quote(q.id.Schema) + "."
+	}
+	return &LeaseQueries{
+		d:      q.d,
+		group:  q.id.String(),
+		leases: prefix + q.d.quote(DefaultLeaseTable),
+		relays: prefix + q.d.quote(DefaultRelayTable),
+	}, nil
+}
+
+// Group returns the relay group: the outbox table's name.
+func (l *LeaseQueries) Group() string { return l.group }
+
+func (l *LeaseQueries) later() string {
+	return l.d.now() + " + CAST(? AS bigint) * interval '1 microsecond'"
+}
+
+// PartitionCount returns the query of the number of partitions the group
+// has rows for (0 before the first relay created them).
+func (l *LeaseQueries) PartitionCount() (string, []any) {
+	return l.d.rebind("SELECT CAST(count(*) AS int) FROM " + l.leases + " WHERE relay_group = ?"), []any{l.group}
+}
+
+// CreatePartitions returns the INSERT of the rows of partitions 0..n-1 that
+// do not exist yet.
+func (l *LeaseQueries) CreatePartitions(n int) (string, []any) {
+	return l.d.rebind("INSERT INTO " + l.leases + " (relay_group, partition)" +
+		" SELECT ?, g FROM generate_series(0, CAST(? AS int) - 1) AS g ON CONFLICT DO NOTHING"), []any{l.group, n}
+}
+
+// Heartbeat returns the upsert that records owner as alive for ttl.
+func (l *LeaseQueries) Heartbeat(owner string, ttl time.Duration) (string, []any) {
+	return l.d.rebind("INSERT INTO " + l.relays + " (relay_group, owner, expires_at) VALUES (?, ?, " + l.later() + ")" +
+		" ON CONFLICT (relay_group, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at"), []any{l.group, owner, ttl.Microseconds()}
+}
+
+// LiveRelays returns the query of the number of relays whose heartbeat has
+// not expired.
+func (l *LeaseQueries) LiveRelays() (string, []any) {
+	return l.d.rebind("SELECT CAST(count(*) AS int) FROM " + l.relays + " WHERE relay_group = ? AND expires_at > " + l.d.now()), []any{l.group}
+}
+
+// PruneRelays returns the DELETE of heartbeats expired for longer than age.
+func (l *LeaseQueries) PruneRelays(age time.Duration) (string, []any) {
+	return l.d.rebind("DELETE FROM " + l.relays + " WHERE relay_group = ? AND expires_at < " + l.d.now() +
+		" - CAST(? AS bigint) * interval '1 microsecond'"), []any{l.group, age.Microseconds()}
+}
+
+// Leave returns the DELETE of owner's heartbeat.
+func (l *LeaseQueries) Leave(owner string) (string, []any) {
+	return l.d.rebind("DELETE FROM " + l.relays + " WHERE relay_group = ? AND owner = ?"), []any{l.group, owner}
+}
+
+// Renew returns the UPDATE extending every lease owner holds by ttl; its
+// rows (one int column) are the partitions owner holds. A lease that
+// expired but was not taken yet is renewed too: no one else served the
+// partition in between.
+func (l *LeaseQueries) Renew(owner string, ttl time.Duration) (string, []any) {
+	return l.d.rebind("UPDATE " + l.leases + " SET expires_at = " + l.later() +
+		" WHERE relay_group = ? AND owner = ? RETURNING partition"), []any{ttl.Microseconds(), l.group, owner}
+}
+
+// Acquire returns the statement that leases up to k free or expired
+// partitions to owner for ttl. Its rows are (partition int, previous owner
+// text, "" when the partition was free); a previous owner other than owner
+// means a takeover of an expired lease: a failover. Rows another relay is
+// taking at the same moment are skipped.
+func (l *LeaseQueries) Acquire(owner string, ttl time.Duration, k int) (string, []any) {
+	now := l.d.now()
+	return l.d.rebind("WITH free AS (SELECT partition, owner FROM " + l.leases +
+		" WHERE relay_group = ? AND (owner IS NULL OR expires_at <= " + now + ")" +
+		" ORDER BY partition LIMIT ? FOR UPDATE SKIP LOCKED)" +
+		" UPDATE " + l.leases + " AS l SET owner = ?, expires_at = " + l.later() + ", acquired_at = " + now +
+		" FROM free WHERE l.relay_group = ? AND l.partition = free.partition" +
+		" RETURNING l.partition, COALESCE(free.owner, '')"), []any{l.group, k, owner, ttl.Microseconds(), l.group}
+}
+
+// Release returns the UPDATE that gives up owner's leases of partitions
+// (nil: all of them), so that other relays can take them at once.
+func (l *LeaseQueries) Release(owner string, partitions []int) (string, []any) {
+	s := "UPDATE " + l.leases + " SET owner = NULL, expires_at = " + l.d.now() + " WHERE relay_group = ? AND owner = ?"
+	args := []any{l.group, owner}
+	if partitions != nil {
+		s += " AND partition = ANY(CAST(CAST(? AS text) AS int[]))"
+		args = append(args, intArray(partitions))
+	}
+	return l.d.rebind(s), args
+}
+
+// List returns the query of every partition's lease: (partition int, owner
+// text, "" when free, live bool), in partition order.
+func (l *LeaseQueries) List() (string, []any) {
+	return l.d.rebind("SELECT partition, COALESCE(owner, ''), owner IS NOT NULL AND expires_at > " + l.d.now() +
+		" FROM " + l.leases + " WHERE relay_group = ? ORDER BY partition"), []any{l.group}
+}
