@@ -1,0 +1,187 @@
+package ordered_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/ordered"
+)
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
+
+// migrated opens a fresh, migrated database of d (ordered component too).
+func migrated(t testing.TB, d dialect.Dialect) *sql.DB {
+	t.Helper()
+	var db *sql.DB
+	if d == dialect.SQLite {
+		var err error
+		db, err = sql.Open("sqlite", "file:"+t.TempDir()+"/outbox.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_txlock=immediate")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+	} else {
+		db = testenv.OpenPostgres(t)
+	}
+	ctx := context.Background()
+	opts := dialect.MigrateOptions{SkipInbox: true, Logger: slog.New(slog.DiscardHandler)}
+	if err := dialect.Migrate(ctx, db, d, opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialect.MigrateOrdered(ctx, db, d, opts); err != nil {
+		t.Fatal(err)
+	}
+	// Idempotent: a second run applies nothing.
+	if err := dialect.MigrateOrdered(ctx, db, d, opts); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// enqueue writes events in order and returns them with Seq set.
+func enqueue(t testing.TB, db *sql.DB, d dialect.Dialect, evs []core.Event) []core.Event {
+	t.Helper()
+	q, err := d.Queries("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range evs {
+		if err := evs[i].Prepare(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for start := 0; start < len(evs); start += dialect.MaxInsertRows {
+		end := min(start+dialect.MaxInsertRows, len(evs))
+		query, args, err := q.Insert(evs[start:end])
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := db.QueryContext(context.Background(), query, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seqs []int64
+		for rows.Next() {
+			var seq int64
+			var created dialect.Time
+			if err := rows.Scan(&seq, &created); err != nil {
+				t.Fatal(err)
+			}
+			seqs = append(seqs, seq)
+		}
+		if err := rows.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if len(seqs) != end-start {
+			t.Fatalf("inserted %d rows, want %d", len(seqs), end-start)
+		}
+		// ids grow in the order of the rows
+		slices.Sort(seqs)
+		for i := start; i < end; i++ {
+			evs[i].Seq = seqs[i-start]
+		}
+	}
+	return evs
+}
+
+// events makes perAgg events for each aggregate, interleaved: a0 b0 a1 b1 ...
+func events(aggs []string, perAgg int) []core.Event {
+	var evs []core.Event
+	for i := range perAgg {
+		for _, a := range aggs {
+			ev, err := core.NewEvent("test", a, "ordered.test", map[string]any{"agg": a, "n": i})
+			if err != nil {
+				panic(err)
+			}
+			evs = append(evs, ev)
+		}
+	}
+	return evs
+}
+
+func aggNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("agg-%d", i)
+	}
+	return out
+}
+
+func newStore(t testing.TB, db *sql.DB, d dialect.Dialect) *ordered.Store {
+	t.Helper()
+	s, err := ordered.NewStore(db, d, ordered.StoreOptions{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func claim(t testing.TB, s core.Store, req core.ClaimRequest) core.Claim {
+	t.Helper()
+	c, err := s.Claim(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func seqsOf(evs []core.Event) []int64 {
+	out := make([]int64, len(evs))
+	for i, ev := range evs {
+		out[i] = ev.Seq
+	}
+	return out
+}
+
+func allOrdered(n int, policy core.DeadLetterPolicy) *core.OrderedClaim {
+	return &core.OrderedClaim{PartitionCount: n, DeadLetter: policy}
+}
+
+// checkFirstDeliveryOrder reports the first place where an aggregate's
+// first deliveries are not in Seq order, and counts duplicates.
+func checkFirstDeliveryOrder(got []core.Event) (dups int, err error) {
+	seen := map[string]bool{}
+	last := map[string]int64{}
+	for _, ev := range got {
+		if seen[ev.ID] {
+			dups++
+			continue
+		}
+		seen[ev.ID] = true
+		if ev.Seq < last[ev.AggregateID] {
+			return dups, fmt.Errorf("aggregate %s: seq %d first delivered after %d", ev.AggregateID, ev.Seq, last[ev.AggregateID])
+		}
+		last[ev.AggregateID] = ev.Seq
+	}
+	return dups, nil
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
