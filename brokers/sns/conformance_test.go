@@ -25,7 +25,7 @@ func newFixture(k fixtureKind) outboxtest.NewBrokerFunc {
 			return snsbroker.TopicName(eventType)
 		}
 		client := g.sns
-		opts := snsbroker.Options{CreateTopics: true, MaxBatchSize: 1, Topic: func(ev *core.Event) string { return topic(ev.EventType) }}
+		opts := snsbroker.Options{CreateTopics: true, MaxBatchSize: 1, Logger: quiet, Topic: func(ev *core.Event) string { return topic(ev.EventType) }}
 		if k.batch {
 			client = newSNSClient(t, newFront(t, g.endpoint).URL())
 			opts.MaxBatchSize = 0 // default: 10

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
@@ -64,6 +65,8 @@ type front struct {
 	goaws  string
 	server *httptest.Server
 	proxy  *httputil.ReverseProxy
+
+	down atomic.Bool // while set, connections are cut without an answer
 
 	mu       sync.Mutex
 	actions  map[string]int // calls per Action
@@ -113,6 +116,13 @@ func (f *front) set(fn func(f *front)) {
 }
 
 func (f *front) serve(w http.ResponseWriter, r *http.Request) {
+	if f.down.Load() {
+		// An outage as the client sees one: the connection drops.
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			conn.Close()
+		}
+		return
+	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
