@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
@@ -74,5 +75,27 @@ func TestExactlyOnceGoChannel(t *testing.T) {
 		ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 		t.Cleanup(func() { ps.Close() })
 		return &outboxtest.BrokerFixture{Publisher: core.NewWatermillPublisher(ps, nil), Subscriber: ps}
+	}, newConsumer)
+}
+
+func TestExactlyOnceRabbitMQ(t *testing.T) {
+	t.Parallel()
+	outboxtest.RunExactlyOnce(t, newProducer, func(t *testing.T) *outboxtest.BrokerFixture {
+		url := testenv.AMQPURL(t)
+		pub, err := amqpbroker.NewPublisher(amqpbroker.Options{URL: url, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		// One subscriber, one consumer group: both routers of the suite
+		// consume the same durable queue and compete for its messages.
+		sub, err := amqpbroker.NewSubscriber(amqpbroker.SubscriberOptions{
+			URL: url, Consumer: "inventory-" + testenv.RandomSuffix(), Logger: quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sub.Close() })
+		return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub}
 	}, newConsumer)
 }
