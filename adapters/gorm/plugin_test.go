@@ -509,3 +509,61 @@ func TestPreparedStatementMode(t *testing.T) {
 		})
 	}
 }
+
+func TestManualBeginCommit(t *testing.T) {
+	forEach(t, nil, func(t *testing.T, e *env) {
+		tx := e.db.Begin()
+		o := order{BuyerID: "manual"}
+		if err := tx.Create(&o).Error; err != nil {
+			t.Fatal(err)
+		}
+		// Not yet committed: nothing is visible outside the transaction.
+		if n := len(e.outboxRows(t)); n != 0 {
+			t.Fatalf("%d events visible before commit", n)
+		}
+		if err := tx.Commit().Error; err != nil {
+			t.Fatal(err)
+		}
+		wantTypes(t, e.outboxRows(t), "order.create/"+strconv.FormatInt(o.ID, 10))
+	})
+}
+
+// cart has line items that emit events of their own: GORM creates them in
+// the cart's transaction, through the same callbacks.
+type cart struct {
+	ID    int64 `gorm:"primaryKey"`
+	Items []lineItem
+}
+
+type lineItem struct {
+	ID     int64 `gorm:"primaryKey"`
+	CartID int64
+	SKU    string
+}
+
+func (c *cart) OutboxEvents(op gormoutbox.Op) ([]core.Event, error) {
+	return []core.Event{{EventType: "cart." + op.String(), AggregateID: strconv.FormatInt(c.ID, 10)}}, nil
+}
+
+func (i *lineItem) OutboxEvents(op gormoutbox.Op) ([]core.Event, error) {
+	return []core.Event{{EventType: "item." + op.String(), AggregateID: i.SKU + "@" + strconv.FormatInt(i.CartID, 10)}}, nil
+}
+
+func TestAssociationsEmitInTheSameTransaction(t *testing.T) {
+	forEach(t, nil, func(t *testing.T, e *env) {
+		if err := e.db.AutoMigrate(&cart{}, &lineItem{}); err != nil {
+			t.Fatal(err)
+		}
+		c := cart{Items: []lineItem{{SKU: "a"}, {SKU: "b"}}}
+		before := e.stmts.Load()
+		if err := e.db.Create(&c).Error; err != nil {
+			t.Fatal(err)
+		}
+		// cart INSERT, items INSERT, one outbox INSERT.
+		if n := e.stmts.Load() - before; n != 3 {
+			t.Errorf("%d statements, want 3", n)
+		}
+		id := strconv.FormatInt(c.ID, 10)
+		wantTypes(t, e.outboxRows(t), "item.create/a@"+id, "item.create/b@"+id, "cart.create/"+id)
+	})
+}
