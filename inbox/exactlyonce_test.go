@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"log/slog"
+	"path/filepath"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -23,10 +24,24 @@ var quiet = slog.New(slog.DiscardHandler)
 // outbox on a fresh PostgreSQL database, next to an orders table that each
 // producer transaction writes too.
 func newProducer(t *testing.T) *outboxtest.StoreFixture {
+	return newProducerOn(t, sqlx.NewDb(testenv.OpenPostgres(t), "pgx"), dialect.Postgres)
+}
+
+// newSQLiteProducer is newProducer on SQLite, opened as sqlxoutbox
+// recommends (BEGIN IMMEDIATE, so that producers queue for the lock).
+func newSQLiteProducer(t *testing.T) *outboxtest.StoreFixture {
+	db, err := sqlx.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "outbox.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return newProducerOn(t, db, dialect.SQLite)
+}
+
+func newProducerOn(t *testing.T, db *sqlx.DB, d dialect.Dialect) *outboxtest.StoreFixture {
 	t.Helper()
 	ctx := t.Context()
-	db := sqlx.NewDb(testenv.OpenPostgres(t), "pgx")
-	if err := dialect.Migrate(ctx, db.DB, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
+	if err := dialect.Migrate(ctx, db.DB, d, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id TEXT PRIMARY KEY, events INTEGER NOT NULL)`); err != nil {
@@ -44,7 +59,7 @@ func newProducer(t *testing.T) *outboxtest.StoreFixture {
 				return err
 			}
 			defer tx.Rollback()
-			if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, events) VALUES ($1, $2)`, evs[0].ID, len(evs)); err != nil {
+			if _, err := tx.ExecContext(ctx, db.Rebind(`INSERT INTO orders (id, events) VALUES (?, ?)`), evs[0].ID, len(evs)); err != nil {
 				return err
 			}
 			if err := box.Enqueue(ctx, tx, evs...); err != nil {
@@ -71,11 +86,23 @@ func newConsumer(t *testing.T) *outboxtest.InboxFixture {
 
 func TestExactlyOnceGoChannel(t *testing.T) {
 	t.Parallel()
-	outboxtest.RunExactlyOnce(t, newProducer, func(t *testing.T) *outboxtest.BrokerFixture {
-		ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
-		t.Cleanup(func() { ps.Close() })
-		return &outboxtest.BrokerFixture{Publisher: core.NewWatermillPublisher(ps, nil), Subscriber: ps}
-	}, newConsumer)
+	outboxtest.RunExactlyOnce(t, newProducer, goChannelBroker, newConsumer)
+}
+
+func goChannelBroker(t *testing.T) *outboxtest.BrokerFixture {
+	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { ps.Close() })
+	return &outboxtest.BrokerFixture{Publisher: core.NewWatermillPublisher(ps, nil), Subscriber: ps}
+}
+
+// TestExactlyOnceSQLite is the embedded setup: producer and consumer each
+// on a SQLite file, the broker in process.
+func TestExactlyOnceSQLite(t *testing.T) {
+	t.Parallel()
+	outboxtest.RunExactlyOnce(t, newSQLiteProducer, goChannelBroker, func(t *testing.T) *outboxtest.InboxFixture {
+		f, _, _ := backends[1].newSQLFixture(t, true)
+		return f
+	})
 }
 
 func TestExactlyOnceRabbitMQ(t *testing.T) {
