@@ -3,6 +3,7 @@ package dialect
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
@@ -195,6 +196,9 @@ func Migrate(ctx context.Context, db *sql.DB, d Dialect, opts MigrateOptions) (e
 		if err != nil {
 			if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), rollback); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("txoutbox/dialect: migrate: rollback: %w", rerr))
+				// database/sql does not know about this transaction: make
+				// it discard the connection rather than pool it mid-transaction.
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 			}
 		}
 	}()
