@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+
+	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	"github.com/txoutbox/txoutbox/core"
+)
+
+// brokerHelp is the part of relay --help that documents broker URLs.
+const brokerHelp = `Broker URLs (--broker):
+  log://                     print each event as a JSON line on stdout (try it out)
+  memory://                  accept and discard every event (dry run)
+      both take ?delay=200ms (slow broker) and ?fail_types=a,b (fail those types)
+  amqp://user:pass@host:5672/vhost   RabbitMQ with publisher confirms (amqps:// for TLS)
+      ?exchange=NAME             one exchange for all events, topic = routing key
+      ?exchange_type=topic|direct
+      ?consumers=billing,mailer  declare these consumers' queues before publishing
+  kafka://host1:9092,host2:9092     Kafka, acks=all, idempotent producer
+  sns://?region=eu-west-1&create_topics=true   AWS SNS
+      ?endpoint=http://localhost:4100  an emulator or a VPC endpoint
+      ?topic_arn_prefix=arn:aws:sns:eu-west-1:123456789012:
+  The topic of an event is its event type.`
+
+// publisher is what relay publishes to, and closes on shutdown.
+type publisher interface {
+	core.Publisher
+	io.Closer
+}
+
+// openBroker connects to the broker of rawURL.
+func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.Logger) (publisher, error) {
+	if rawURL == "" {
+		return nil, usagef("no broker: pass --broker or set %s (try --broker log://)", envName("broker"))
+	}
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return nil, usagef("broker %q is not a URL (want log://, memory://, amqp://, kafka:// or sns://)", rawURL)
+	}
+	switch scheme {
+	case "log", "memory":
+		u, err := url.Parse(rawURL)
+		if err != nil {
+			return nil, usagef("broker %q: %v", rawURL, err)
+		}
+		return newSink(u, stdout, log)
+	case "amqp", "amqps":
+		u, err := url.Parse(rawURL)
+		if err != nil {
+			return nil, usagef("broker %s: %v", redact(rawURL), err)
+		}
+		q := u.Query()
+		opts := amqpbroker.Options{
+			Topology: amqpbroker.Topology{Exchange: q.Get("exchange"), ExchangeType: q.Get("exchange_type")},
+			Logger:   log,
+		}
+		if c := q.Get("consumers"); c != "" {
+			opts.Consumers = splitList(c)
+		}
+		// Our parameters are not the AMQP client's: take them out of the
+		// URL it dials.
+		for _, k := range []string{"exchange", "exchange_type", "consumers"} {
+			q.Del(k)
+		}
+		u.RawQuery = q.Encode()
+		opts.URL = u.String()
+		p, err := amqpbroker.NewPublisher(opts)
+		if err != nil {
+			return nil, fmt.Errorf("connect to %s: %w", redact(rawURL), err)
+		}
+		return p, nil
+	case "kafka":
+		hosts, query, _ := strings.Cut(rest, "?")
+		if query != "" {
+			return nil, usagef("kafka:// takes no parameters yet (got %q)", query)
+		}
+		brokers := splitList(strings.TrimSuffix(hosts, "/"))
+		if len(brokers) == 0 {
+			return nil, usagef("kafka:// needs at least one host:port")
+		}
+		p, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: brokers, Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("connect to kafka %v: %w", brokers, err)
+		}
+		return p, nil
+	case "sns":
+		return openSNS(ctx, rawURL, log)
+	}
+	return nil, usagef("unsupported broker scheme %q (want log, memory, amqp, amqps, kafka or sns)", scheme)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/txoutbox/txoutbox/core"
+)
+
+func (a *app) cleanupCommand() *cobra.Command {
+	var (
+		retention, pause time.Duration
+		batchSize        int
+		quiet            bool
+	)
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Delete published events older than the retention, now",
+		Long: `cleanup deletes events published more than --retention ago, in batches of
+--batch-size so that no statement holds locks for long, sleeping --pause between
+batches to leave the database to the writers. Pending and dead-lettered events
+are never deleted. Progress is printed on stderr after each batch.
+
+Published events are kept for audit and 'txoutbox replay'; what cleanup deleted
+can no longer be replayed. The relay can run the same cleanup periodically
+(relay --cleanup-interval).`,
+		Example: `  txoutbox cleanup                         # keep 30 days
+  txoutbox cleanup --retention 168h        # keep a week
+  txoutbox cleanup --batch-size 5000 --pause 100ms`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if retention <= 0 || batchSize < 1 || pause < 0 {
+				return usagef("--retention must be positive, --batch-size at least 1, --pause not negative")
+			}
+			db, ob, err := a.openOutbox(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			start := time.Now()
+			opts := core.CleanupOptions{Retention: retention, BatchSize: batchSize, Pause: pause, Logger: a.log}
+			if !quiet {
+				opts.OnProgress = func(deleted int64) {
+					rate := float64(deleted) / max(time.Since(start).Seconds(), 1e-3)
+					fmt.Fprintf(a.stderr, "deleted %d events (%.0f/s)\n", deleted, rate)
+				}
+			}
+			n, err := core.Cleanup(cmd.Context(), ob, opts)
+			if err != nil {
+				return err
+			}
+			a.log.Info("txoutbox: cleanup done", "deleted", n, "retention", retention, "took", time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(a.stdout, "deleted %d published event(s) older than %s\n", n, retention)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.DurationVar(&retention, "retention", 30*24*time.Hour, "keep published events this long")
+	fl.IntVar(&batchSize, "batch-size", 1000, "events per DELETE")
+	fl.DurationVar(&pause, "pause", 0, "sleep between batches")
+	fl.BoolVarP(&quiet, "quiet", "q", false, "no progress lines")
+	return cmd
+}

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	_ "modernc.org/sqlite"             // the pure-Go "sqlite" database/sql driver
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/dialect"
+)
+
+// database is an open database and its dialect.
+type database struct {
+	db      *sql.DB
+	dialect dialect.Dialect
+	// redacted is the DSN without its password, for logs.
+	redacted string
+}
+
+// openDatabase opens and pings the database of dsn:
+//
+//	postgres://user:pass@host:5432/db?sslmode=disable   (also postgresql://)
+//	sqlite:path/to/file.db  sqlite:///abs/path.db  file:path.db
+func openDatabase(ctx context.Context, dsn string) (*database, error) {
+	driver, source, d, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open(driver, source)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", redact(dsn), err)
+	}
+	if d.MaxConcurrency() == 1 {
+		// One writer: a second connection would only wait for the lock.
+		db.SetMaxOpenConns(1)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connect to %s: %w", redact(dsn), err)
+	}
+	return &database{db: db, dialect: d, redacted: redact(dsn)}, nil
+}
+
+func (d *database) Close() error { return d.db.Close() }
+
+// openOutbox opens the database of --dsn and the Outbox of --table on it.
+func (a *app) openOutbox(ctx context.Context) (*database, *sqlxoutbox.Outbox, error) {
+	dsn, err := a.requireDSN()
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := openDatabase(ctx, dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: a.table, Logger: a.log})
+	if err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	return db, ob, nil
+}
+
+func parseDSN(dsn string) (driver, source string, d dialect.Dialect, err error) {
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		return "pgx", dsn, dialect.Postgres, nil
+	case strings.HasPrefix(dsn, "sqlite:"), strings.HasPrefix(dsn, "file:"):
+		path := strings.TrimPrefix(strings.TrimPrefix(dsn, "sqlite:"), "//")
+		if strings.HasPrefix(dsn, "file:") {
+			path = dsn
+		}
+		if path == "" {
+			return "", "", d, usagef("sqlite DSN %q has no path", dsn)
+		}
+		// The relay and producers write concurrently: wait for the lock
+		// instead of failing with SQLITE_BUSY, and let readers run beside
+		// the writer.
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		return "sqlite", path + sep + "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate", dialect.SQLite, nil
+	}
+	return "", "", d, usagef("unsupported DSN %q: want postgres://... or sqlite:PATH", redact(dsn))
+}
+
+// redact removes the password of a URL DSN, so that logs and errors never
+// print it.
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.User == nil {
+		return dsn
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}

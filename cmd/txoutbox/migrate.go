@@ -1,0 +1,111 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/txoutbox/txoutbox/dialect"
+)
+
+func (a *app) migrateCommand() *cobra.Command {
+	var (
+		inboxTable, migrationsTable, dialectName string
+		skipInbox, skipOutbox, print             bool
+	)
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the outbox and inbox tables",
+		Long: `migrate applies the outbox and inbox migrations that the database lacks and
+records them in the migrations table. It is idempotent and safe to run from
+several processes at once (e.g. every replica's init container): the second one
+waits for the first and finds nothing left to do.
+
+With --print it applies nothing and prints the SQL instead, for teams that run
+their own migration tool (goose, Atlas, Flyway).`,
+		Example: `  txoutbox migrate --dsn 'postgres://app:secret@localhost:5432/app?sslmode=disable'
+
+  # A producer-only database, with a custom table name:
+  txoutbox migrate --table billing.outbox --skip-inbox
+
+  # Hand the SQL to your migration tool instead:
+  txoutbox migrate --print --dialect postgres > 0001_txoutbox.sql`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts := dialect.MigrateOptions{
+				Table: a.table, InboxTable: inboxTable, MigrationsTable: migrationsTable,
+				SkipInbox: skipInbox, SkipOutbox: skipOutbox, Logger: a.log,
+			}
+			if skipInbox && skipOutbox {
+				return usagef("--skip-inbox and --skip-outbox together leave nothing to migrate")
+			}
+			if print {
+				d, err := a.printDialect(dialectName)
+				if err != nil {
+					return err
+				}
+				ms, err := dialect.Migrations(d, opts)
+				if err != nil {
+					return err
+				}
+				for _, m := range ms {
+					fmt.Fprintf(a.stdout, "-- %s %s v%d: %s\n%s\n\n", m.Component, m.Table, m.Version, m.Name, m.SQL)
+				}
+				return nil
+			}
+			dsn, err := a.requireDSN()
+			if err != nil {
+				return err
+			}
+			db, err := openDatabase(cmd.Context(), dsn)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			start := time.Now()
+			if err := dialect.Migrate(cmd.Context(), db.db, db.dialect, opts); err != nil {
+				return fmt.Errorf("migrate %s: %w", db.redacted, err)
+			}
+			a.log.Info("txoutbox: migrations applied", "database", db.redacted, "dialect", db.dialect.Name(),
+				"table", a.table, "inbox", !skipInbox, "took", time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(a.stdout, "migrated %s (%s): outbox table %s%s\n", db.redacted, db.dialect.Name(), a.table,
+				map[bool]string{true: "", false: ", inbox table " + orDefault(inboxTable, dialect.DefaultInboxTable)}[skipInbox])
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&inboxTable, "inbox-table", dialect.DefaultInboxTable, "inbox (processed events) table name")
+	f.StringVar(&migrationsTable, "migrations-table", dialect.DefaultMigrationsTable, "table that records applied migrations")
+	f.BoolVar(&skipInbox, "skip-inbox", false, "leave the inbox table out (producer-only database)")
+	f.BoolVar(&skipOutbox, "skip-outbox", false, "leave the outbox table out (consumer-only database)")
+	f.BoolVar(&print, "print", false, "print the SQL instead of applying it (needs no database)")
+	f.StringVar(&dialectName, "dialect", "", "with --print: postgres or sqlite (default: from --dsn, else postgres)")
+	return cmd
+}
+
+// printDialect chooses the dialect of migrate --print: the flag, else the
+// DSN's, else PostgreSQL.
+func (a *app) printDialect(name string) (dialect.Dialect, error) {
+	if name != "" {
+		d, err := dialect.ByName(name)
+		if err != nil {
+			return d, fmt.Errorf("%w: --dialect: %w", ErrUsage, err)
+		}
+		return d, nil
+	}
+	if a.dsn != "" {
+		_, _, d, err := parseDSN(a.dsn)
+		return d, err
+	}
+	slog.Debug("txoutbox: no --dialect or --dsn; printing PostgreSQL")
+	return dialect.Postgres, nil
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

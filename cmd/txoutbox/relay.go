@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/metrics"
+)
+
+type relayFlags struct {
+	broker          string
+	batchSize       int
+	pollInterval    time.Duration
+	concurrency     int
+	maxAttempts     int
+	initialBackoff  time.Duration
+	maxBackoff      time.Duration
+	shutdownTimeout time.Duration
+	httpAddr        string
+	lagThreshold    time.Duration
+	statsInterval   time.Duration
+	cleanupInterval time.Duration
+	retention       time.Duration
+	drain           bool
+}
+
+func (a *app) relayCommand() *cobra.Command {
+	var f relayFlags
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Publish committed events to a broker, with /metrics and /healthz",
+		Long: `relay claims committed events in batches, publishes them to the broker and
+marks them published, until it receives SIGINT or SIGTERM. It then finishes the
+batch in flight (within --shutdown-timeout) and exits: an event is never lost,
+and a batch is never marked twice. A batch cut off by the timeout is given back
+unmarked and published again by the next relay.
+
+Run it as its own process (a Deployment, a systemd unit). On PostgreSQL any
+number of relays may run against one table: a claim locks its rows with
+SELECT ... FOR UPDATE SKIP LOCKED, so no two relays publish the same event.
+On SQLite run one.
+
+A failed event is retried with exponential backoff (--initial-backoff doubling
+up to --max-backoff, with jitter) and dead-lettered after --max-attempts.
+
+The HTTP server on --http-addr serves:
+  /metrics   Prometheus metrics (txoutbox_* plus Go and process metrics)
+  /healthz   200 while the database answers; 503 when it does not, or while
+             shutting down
+
+` + brokerHelp,
+		Example: `  # Try it out: print every event on stdout.
+  txoutbox relay --dsn "$DATABASE_URL" --broker log://
+
+  # Rehearse dead letters: every order.paid fails, dead after 3 attempts.
+  txoutbox relay --broker 'log://?fail_types=order.paid' --max-attempts 3 --initial-backoff 100ms
+
+  # RabbitMQ, four workers, metrics on :9090, alerting after 2 minutes of lag.
+  TXOUTBOX_DSN=postgres://relay@db/app TXOUTBOX_BROKER=amqp://user:pass@rabbitmq:5672/ \
+    txoutbox relay --concurrency 4 --http-addr :9090 --lag-threshold 2m
+
+  # Kafka; publish what is pending, then exit (a cron job, a test).
+  txoutbox relay --broker kafka://kafka-1:9092,kafka-2:9092 --drain`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.runRelay(cmd.Context(), f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.broker, "broker", "", "broker URL: log://, memory://, amqp://, kafka://, sns:// (see above)")
+	fl.IntVar(&f.batchSize, "batch-size", 100, "events per claim")
+	fl.DurationVar(&f.pollInterval, "poll-interval", time.Second, "how long an idle worker waits before claiming again")
+	fl.IntVar(&f.concurrency, "concurrency", 1, "workers, each with its own claim (1 on SQLite)")
+	fl.IntVar(&f.maxAttempts, "max-attempts", core.DefaultRetryPolicy.MaxAttempts, "attempts before an event is dead-lettered")
+	fl.DurationVar(&f.initialBackoff, "initial-backoff", core.DefaultRetryPolicy.InitialBackoff, "wait after the first failure")
+	fl.DurationVar(&f.maxBackoff, "max-backoff", core.DefaultRetryPolicy.MaxBackoff, "longest wait between attempts")
+	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long the batch in flight may take to finish after SIGTERM")
+	fl.StringVar(&f.httpAddr, "http-addr", ":9090", `address of /metrics and /healthz; "" disables`)
+	fl.DurationVar(&f.lagThreshold, "lag-threshold", time.Minute, "oldest pending age that counts as lagging (warning log, txoutbox_lagging=1)")
+	fl.DurationVar(&f.statsInterval, "stats-interval", 15*time.Second, "how often the pending/dead gauges are refreshed")
+	fl.DurationVar(&f.cleanupInterval, "cleanup-interval", 0, "run retention cleanup this often (0: never; see 'txoutbox cleanup')")
+	fl.DurationVar(&f.retention, "retention", 30*24*time.Hour, "with --cleanup-interval: keep published events this long")
+	fl.BoolVar(&f.drain, "drain", false, "publish what is due, then exit instead of running until a signal")
+	return cmd
+}
+
+func (a *app) runRelay(ctx context.Context, f relayFlags) error {
+	if f.batchSize < 1 || f.concurrency < 1 || f.maxAttempts < 1 {
+		return usagef("--batch-size, --concurrency and --max-attempts must be at least 1")
+	}
+	db, ob, err := a.openOutbox(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	pub, err := openBroker(ctx, f.broker, a.stdout, a.log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := pub.Close(); err != nil {
+			a.log.Warn("txoutbox: close broker", "error", err)
+		}
+	}()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	met, err := metrics.New(metrics.Options{Registerer: reg, LagThreshold: f.lagThreshold})
+	if err != nil {
+		return err
+	}
+	relay, err := core.NewRelay(met.Store(ob), met.Publisher(pub), core.RelayOptions{
+		BatchSize:       f.batchSize,
+		PollInterval:    f.pollInterval,
+		Concurrency:     f.concurrency,
+		ShutdownTimeout: f.shutdownTimeout,
+		Retry:           core.RetryPolicy{MaxAttempts: f.maxAttempts, InitialBackoff: f.initialBackoff, MaxBackoff: f.maxBackoff},
+		Logger:          a.log,
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	mon, err := core.NewMonitor(ob, met.MonitorOptions(core.MonitorOptions{Interval: f.statsInterval, Logger: a.log}))
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+
+	var stopping atomic.Bool
+	// /healthz turns 503 as soon as the signal arrives, while the batch in
+	// flight finishes, so that no orchestrator counts on this instance.
+	context.AfterFunc(ctx, func() { stopping.Store(true) })
+	var bg sync.WaitGroup
+	bgCtx, stopBG := context.WithCancel(ctx)
+	defer func() {
+		stopBG()
+		bg.Wait()
+	}()
+	if f.httpAddr != "" {
+		srv, addr, err := a.serveHTTP(f.httpAddr, reg, db, relay, &stopping)
+		if err != nil {
+			return err
+		}
+		a.log.Info("txoutbox: serving /metrics and /healthz", "addr", addr)
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		_ = mon.Run(bgCtx)
+	}()
+	if f.cleanupInterval > 0 {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			_ = core.RunCleanup(bgCtx, ob, core.CleanupOptions{Retention: f.retention, Interval: f.cleanupInterval, Logger: a.log})
+		}()
+	}
+
+	opts := relay.Options()
+	a.log.Info("txoutbox: relay started", "database", db.redacted, "table", a.table, "broker", redact(f.broker),
+		"batch_size", opts.BatchSize, "concurrency", opts.Concurrency, "max_attempts", opts.Retry.MaxAttempts, "drain", f.drain)
+	start := time.Now()
+	if f.drain {
+		res, err := relay.Drain(ctx)
+		stopping.Store(true)
+		a.log.Info("txoutbox: relay drained", "published", res.Published, "failed", res.Failed,
+			"dead_lettered", res.DeadLettered, "took", time.Since(start).Round(time.Millisecond))
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		// A last stats check so that the gauges (and the lagging warning)
+		// describe what the drain left.
+		if _, _, err := mon.Check(context.WithoutCancel(ctx)); err != nil {
+			a.log.Warn("txoutbox: stats after drain", "error", err)
+		}
+		return nil
+	}
+	if err := relay.Run(ctx); err != nil {
+		return err
+	}
+	stopping.Store(true)
+	c := relay.Counters()
+	a.log.Info("txoutbox: relay stopped", "batches", c.Batches, "published", c.Published, "failed", c.Failed,
+		"dead_lettered", c.DeadLettered, "released", c.Released, "uptime", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// healthReport is the body of /healthz.
+type healthReport struct {
+	Status       string `json:"status"` // ok, unavailable, stopping
+	Database     string `json:"database"`
+	Published    int64  `json:"published"`
+	Failed       int64  `json:"failed"`
+	DeadLettered int64  `json:"dead_lettered"`
+}
+
+// serveHTTP listens on addr (first, so that a taken port fails the start)
+// and serves /metrics and /healthz. It returns the server and the address
+// it listens on, which tells the port of ":0".
+func (a *app) serveHTTP(addr string, reg *prometheus.Registry, db *database, relay *core.Relay, stopping *atomic.Bool) (*http.Server, string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("listen on --http-addr %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, ErrorLog: slogErrorLog{a}}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		c := relay.Counters()
+		rep := healthReport{Status: "ok", Database: "ok", Published: c.Published, Failed: c.Failed, DeadLettered: c.DeadLettered}
+		code := http.StatusOK
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := db.db.PingContext(ctx); err != nil {
+			rep.Status, rep.Database, code = "unavailable", err.Error(), http.StatusServiceUnavailable
+		}
+		if stopping.Load() {
+			// Tell the orchestrator at once; the process is on its way out.
+			rep.Status, code = "stopping", http.StatusServiceUnavailable
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(rep)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("txoutbox: http server stopped", "error", err)
+		}
+	}()
+	return srv, ln.Addr().String(), nil
+}
+
+// slogErrorLog adapts the logger to promhttp's ErrorLog.
+type slogErrorLog struct{ a *app }
+
+func (l slogErrorLog) Println(v ...any) {
+	l.a.log.Error("txoutbox: serving metrics", "error", fmt.Sprint(v...))
+}

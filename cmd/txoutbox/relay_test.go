@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/txoutbox/txoutbox/core"
+)
+
+// scrape returns the samples of a Prometheus text exposition, keyed by
+// name{labels} exactly as exposed.
+func scrape(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape: %s", resp.Status)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+func healthz(t *testing.T, addr string) (int, healthReport) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatalf("healthz: %v", err)
+	}
+	defer resp.Body.Close()
+	var rep healthReport
+	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
+		t.Fatalf("healthz body: %v", err)
+	}
+	return resp.StatusCode, rep
+}
+
+// TestRelayMetricsAndGracefulShutdown runs a relay against a slow sink,
+// scrapes its /metrics while it works, then stops it with SIGTERM in the
+// middle of the run: the batch in flight must finish and be marked, every
+// event printed must be marked published exactly once, and the next relay
+// must publish exactly the rest.
+func TestRelayMetricsAndGracefulShutdown(t *testing.T) {
+	f := newFixture(t)
+	const total = 60
+	evs := f.enqueue(t, "order.created", "1", total)
+	// An event the broker always refuses, waiting for ten minutes: the outbox
+	// is lagging.
+	f.enqueue(t, "order.stuck", "2", 1)
+	f.exec(t, "UPDATE outbox_events SET created_at = now() - interval '10 minutes', next_attempt_at = now() - interval '10 minutes' WHERE event_type = 'order.stuck'")
+
+	cmd, stdout, stderr, addr := startRelay(t, f.dsn,
+		"--broker", "log://?delay=250ms&fail_types=order.stuck",
+		"--batch-size", "10", "--poll-interval", "50ms", "--stats-interval", "100ms",
+		"--lag-threshold", "1m", "--max-attempts", "100", "--initial-backoff", "1h")
+
+	if code, rep := healthz(t, addr); code != http.StatusOK || rep.Status != "ok" || rep.Database != "ok" {
+		t.Fatalf("healthz while running: %d %+v", code, rep)
+	}
+	var first map[string]float64
+	waitFor(t, 30*time.Second, "10 events published according to /metrics", func() bool {
+		first = scrape(t, addr)
+		return first[`txoutbox_events_published_total{event_type="order.created"}`] >= 10 &&
+			first["txoutbox_lagging"] == 1
+	})
+	for name, want := range map[string]float64{
+		"txoutbox_lag_threshold_seconds":                            60,
+		"txoutbox_lagging":                                          1,
+		`txoutbox_pending_events_by_type{event_type="order.stuck"}`: 1,
+		`txoutbox_events_failed_total{event_type="order.stuck"}`:    1,
+	} {
+		if first[name] != want {
+			t.Errorf("%s = %v, want %v", name, first[name], want)
+		}
+	}
+	for _, name := range []string{
+		`txoutbox_publish_duration_seconds_count{result="partial"}`,
+		`txoutbox_claim_duration_seconds_count{result="ok"}`,
+		`txoutbox_mark_duration_seconds_count{result="ok"}`,
+		"txoutbox_event_lag_seconds_count",
+		"txoutbox_oldest_pending_age_seconds",
+		"go_goroutines",
+	} {
+		if first[name] <= 0 {
+			t.Errorf("%s = %v, want > 0", name, first[name])
+		}
+	}
+	if first["txoutbox_oldest_pending_age_seconds"] < 599 {
+		t.Errorf("oldest pending age %v, want the stuck event's 10 minutes", first["txoutbox_oldest_pending_age_seconds"])
+	}
+	if !strings.Contains(stderr.String(), `"msg":"txoutbox: outbox is lagging"`) {
+		t.Errorf("no lagging warning in the log")
+	}
+	// The counters move.
+	waitFor(t, 30*time.Second, "the published counter to move", func() bool {
+		return scrape(t, addr)[`txoutbox_events_published_total{event_type="order.created"}`] > first[`txoutbox_events_published_total{event_type="order.created"}`]
+	})
+
+	// Stop it mid-run: 250ms per batch of 10 leaves most of the 60 pending.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, cmd, 30*time.Second); code != 0 {
+		t.Fatalf("relay exited %d after SIGTERM:\n%s", code, stderr.String())
+	}
+	var stopped struct {
+		Msg                 string
+		Published, Released int64
+	}
+	sc := bufio.NewScanner(strings.NewReader(stderr.String()))
+	for sc.Scan() {
+		var l struct {
+			Msg                 string
+			Published, Released int64
+		}
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "txoutbox: relay stopped" {
+			stopped = l
+		}
+	}
+	if stopped.Msg == "" {
+		t.Fatalf("no 'relay stopped' log:\n%s", stderr.String())
+	}
+	if stopped.Released != 0 {
+		t.Fatalf("shutdown cut a batch off (%d released); it should have finished", stopped.Released)
+	}
+
+	printed := sinkIDs(t, stdout.String())
+	published := f.count(t, "published_at IS NOT NULL")
+	if len(printed) != published || int64(published) != stopped.Published {
+		t.Fatalf("printed %d events, %d marked published, relay counted %d", len(printed), published, stopped.Published)
+	}
+	if published == 0 || published >= total {
+		t.Fatalf("%d of %d published before SIGTERM: the test did not stop the relay mid-run", published, total)
+	}
+	if n := f.count(t, "published_at IS NOT NULL AND attempt_count <> 1"); n != 0 {
+		t.Fatalf("%d events marked more than once", n)
+	}
+
+	// The next relay publishes exactly the rest.
+	r := ok(t, f.dsn, "relay", "--broker", "log://?fail_types=order.stuck", "--drain", "--http-addr", "", "--initial-backoff", "1h")
+	seen := map[string]int{}
+	for _, id := range append(printed, sinkIDs(t, r.stdout)...) {
+		seen[id]++
+	}
+	for _, ev := range evs {
+		if seen[ev.ID] != 1 {
+			t.Fatalf("event %s published %d times over the two relays, want once", ev.ID, seen[ev.ID])
+		}
+	}
+	if len(seen) != total {
+		t.Fatalf("%d distinct events published, want %d", len(seen), total)
+	}
+}
+
+// TestHealthzTurnsUnavailableWhenStopping checks /healthz in process: 200
+// while the database answers, 503 "stopping" once shutdown began.
+func TestHealthzTurnsUnavailableWhenStopping(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	db, err := openDatabase(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	relay, err := core.NewRelay(f.ob, core.PublisherFunc(func(context.Context, []core.Event) error { return nil }), core.RelayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &app{stdout: io.Discard, stderr: io.Discard, log: slog.New(slog.DiscardHandler)}
+	var stopping atomic.Bool
+	srv, addr, err := a.serveHTTP("127.0.0.1:0", prometheus.NewRegistry(), db, relay, &stopping)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if code, rep := healthz(t, addr); code != http.StatusOK || rep.Status != "ok" {
+		t.Fatalf("healthz: %d %+v", code, rep)
+	}
+	stopping.Store(true)
+	if code, rep := healthz(t, addr); code != http.StatusServiceUnavailable || rep.Status != "stopping" {
+		t.Fatalf("healthz while stopping: %d %+v", code, rep)
+	}
+	stopping.Store(false)
+	db.db.Close() // the database is gone
+	if code, rep := healthz(t, addr); code != http.StatusServiceUnavailable || rep.Status != "unavailable" || rep.Database == "ok" {
+		t.Fatalf("healthz without a database: %d %+v", code, rep)
+	}
+}
