@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -78,7 +79,7 @@ type OrderCreated struct {
 func main() {
 	cfg := config{Log: slog.New(slog.NewTextHandler(os.Stderr, nil))}
 	flag.StringVar(&cfg.DB, "db", envOr("INVENTORY_DB", "sqlite"), "database: postgres or sqlite (env INVENTORY_DB)")
-	flag.StringVar(&cfg.DSN, "dsn", envOr("INVENTORY_DSN", "file:inventory.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"), "database DSN (env INVENTORY_DSN)")
+	flag.StringVar(&cfg.DSN, "dsn", envOr("INVENTORY_DSN", defaultSQLiteDSN()), "database DSN (env INVENTORY_DSN)")
 	flag.StringVar(&cfg.Broker, "broker", envOr("INVENTORY_BROKER", "gochannel"), "broker: amqp or gochannel (env INVENTORY_BROKER)")
 	flag.StringVar(&cfg.AMQPURL, "amqp", os.Getenv("TXOUTBOX_AMQP_URL"), "RabbitMQ URL (env TXOUTBOX_AMQP_URL)")
 	flag.StringVar(&cfg.Consumer, "consumer", "inventory", "consumer name: the deduplication scope and the AMQP consumer group")
@@ -93,6 +94,12 @@ func main() {
 		cfg.Log.Error("inventory-consumer failed", "error", err)
 		os.Exit(1)
 	}
+}
+
+// defaultSQLiteDSN keeps the demo's database out of the working tree. Every
+// connection gets the busy timeout, so that concurrent writers wait.
+func defaultSQLiteDSN() string {
+	return "file:" + filepath.Join(os.TempDir(), "txoutbox-inventory.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
 }
 
 func envOr(name, def string) string {
