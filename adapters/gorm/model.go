@@ -24,20 +24,28 @@ import (
 // GORM tag cannot declare portably, use AutoMigrate, which runs the SQL
 // migrations in those cases.
 type OutboxEvent struct {
-	// ID is also the second column of the claim and dead-letter indexes.
-	ID            int64           `gorm:"column:id;type:bigserial;primaryKey;autoIncrement;index:outbox_events_claim,priority:2;index:outbox_events_dead,priority:2"`
-	EventID       string          `gorm:"column:event_id;type:uuid;not null"`
-	AggregateType string          `gorm:"column:aggregate_type;type:text;not null;default:''"`
-	AggregateID   string          `gorm:"column:aggregate_id;type:text;not null;default:''"`
-	EventType     string          `gorm:"column:event_type;type:text;not null"`
-	Payload       json.RawMessage `gorm:"column:payload;type:jsonb;not null"`
-	Headers       json.RawMessage `gorm:"column:headers;type:jsonb;not null;default:'{}'"`
-	CreatedAt     time.Time       `gorm:"column:created_at;type:timestamptz;not null;default:now();autoCreateTime:false"`
-	PublishedAt   *time.Time      `gorm:"column:published_at;type:timestamptz;index:outbox_events_published,where:published_at IS NOT NULL"`
-	AttemptCount  int             `gorm:"column:attempt_count;type:integer;not null;default:0"`
-	LastError     *string         `gorm:"column:last_error;type:text"`
-	NextAttemptAt time.Time       `gorm:"column:next_attempt_at;type:timestamptz;not null;default:now();index:outbox_events_claim,priority:1,where:published_at IS NULL AND dead_at IS NULL"`
-	DeadAt        *time.Time      `gorm:"column:dead_at;type:timestamptz;index:outbox_events_dead,priority:1,where:dead_at IS NOT NULL"`
+	// ID is Event.Seq (BIGSERIAL), also the second column of the claim and
+	// dead-letter indexes.
+	ID int64 `gorm:"column:id;type:bigserial;primaryKey;autoIncrement;index:outbox_events_claim,priority:2;index:outbox_events_dead,priority:2"`
+	// EventID is Event.ID, a UUID.
+	EventID string `gorm:"column:event_id;type:uuid;not null"`
+	// AggregateType, AggregateID and EventType are the Event's.
+	AggregateType string `gorm:"column:aggregate_type;type:text;not null;default:''"`
+	AggregateID   string `gorm:"column:aggregate_id;type:text;not null;default:''"`
+	EventType     string `gorm:"column:event_type;type:text;not null"`
+	// Payload is the event body (JSONB).
+	Payload json.RawMessage `gorm:"column:payload;type:jsonb;not null"`
+	// Headers is the event's headers as a JSON object (JSONB).
+	Headers json.RawMessage `gorm:"column:headers;type:jsonb;not null;default:'{}'"`
+	// CreatedAt is set by the database when the row is written.
+	CreatedAt time.Time `gorm:"column:created_at;type:timestamptz;not null;default:now();autoCreateTime:false"`
+	// PublishedAt, AttemptCount, LastError, NextAttemptAt and DeadAt are
+	// the relay's bookkeeping (see core.Event).
+	PublishedAt   *time.Time `gorm:"column:published_at;type:timestamptz;index:outbox_events_published,where:published_at IS NOT NULL"`
+	AttemptCount  int        `gorm:"column:attempt_count;type:integer;not null;default:0"`
+	LastError     *string    `gorm:"column:last_error;type:text"`
+	NextAttemptAt time.Time  `gorm:"column:next_attempt_at;type:timestamptz;not null;default:now();index:outbox_events_claim,priority:1,where:published_at IS NULL AND dead_at IS NULL"`
+	DeadAt        *time.Time `gorm:"column:dead_at;type:timestamptz;index:outbox_events_dead,priority:1,where:dead_at IS NOT NULL"`
 }
 
 // TableName returns dialect.DefaultTable.

@@ -20,10 +20,11 @@ const PluginName = "txoutbox"
 // inconsistency the outbox exists to prevent.
 var ErrNoTransaction = errors.New("txoutbox/gorm: not in a transaction")
 
-// ErrEvents is wrapped by the error a GORM call fails with when a model's
-// OutboxEvents returned an error or invalid events; the model's statement is
-// rolled back with them.
-var ErrEvents = errors.New("txoutbox/gorm: model events")
+// ErrEvents is wrapped by the error a write fails with when its events were
+// rejected before they were written: a model's OutboxEvents returned an
+// error, an event was invalid (then core.ErrInvalidEvent is wrapped too), or
+// an EnqueueHook failed. The model's statement is rolled back with them.
+var ErrEvents = errors.New("txoutbox/gorm: events rejected")
 
 // Op is the kind of write a model is asked for its events after.
 type Op int

@@ -276,7 +276,8 @@ func (o *outbox) notify() {
 // before COMMIT; in a transaction the Plugin does not manage they are
 // written at once. Enqueue fails with ErrNoTransaction outside a
 // transaction, and with an error wrapping core.ErrInvalidEvent for an invalid
-// event. The events are prepared in place: their IDs are set when it returns.
+// event. The events are prepared in place: their IDs are set when it returns;
+// Seq and CreatedAt are assigned at the commit and are not written back.
 func Enqueue(tx *gorm.DB, events ...core.Event) error {
 	if tx == nil {
 		return ErrNoTransaction
