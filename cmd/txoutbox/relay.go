@@ -35,6 +35,9 @@ type relayFlags struct {
 	cleanupInterval time.Duration
 	retention       time.Duration
 	drain           bool
+	ordering        string
+	deadLetter      string
+	partitions      int
 }
 
 func (a *app) relayCommand() *cobra.Command {
@@ -91,6 +94,9 @@ The HTTP server on --http-addr serves:
 	fl.DurationVar(&f.statsInterval, "stats-interval", 15*time.Second, "how often the pending/dead gauges are refreshed")
 	fl.DurationVar(&f.cleanupInterval, "cleanup-interval", 0, "run retention cleanup this often (0: never; see 'txoutbox cleanup')")
 	fl.DurationVar(&f.retention, "retention", 30*24*time.Hour, "with --cleanup-interval: keep published events this long")
+	fl.StringVar(&f.ordering, "ordering", "auto", "per-aggregate order: auto (on when the broker keeps key order and the store can claim in order), on, off")
+	fl.StringVar(&f.deadLetter, "dead-letter-policy", "block", "ordered mode: block (hold an aggregate's later events behind a dead one) or skip")
+	fl.IntVar(&f.partitions, "partitions", core.DefaultPartitionCount, "ordered mode: partitions aggregates are hashed into (the same for every relay of an outbox)")
 	fl.BoolVar(&f.drain, "drain", false, "publish what is due, then exit instead of running until a signal")
 	return cmd
 }
@@ -114,6 +120,15 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		}
 	}()
 
+	ordering, ok := map[string]core.OrderingMode{"auto": core.OrderingAuto, "on": core.OrderingOn, "off": core.OrderingOff}[f.ordering]
+	if !ok {
+		return usagef("--ordering %q: want auto, on or off", f.ordering)
+	}
+	deadLetter, ok := map[string]core.DeadLetterPolicy{"block": core.DeadLetterBlock, "skip": core.DeadLetterSkip}[f.deadLetter]
+	if !ok {
+		return usagef("--dead-letter-policy %q: want block or skip", f.deadLetter)
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	met, err := metrics.New(metrics.Options{Registerer: reg, LagThreshold: f.lagThreshold})
@@ -127,6 +142,8 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		ShutdownTimeout: f.shutdownTimeout,
 		Retry:           core.RetryPolicy{MaxAttempts: f.maxAttempts, InitialBackoff: f.initialBackoff, MaxBackoff: f.maxBackoff},
 		Logger:          a.log,
+		Ordering:        ordering,
+		Ordered:         core.OrderedOptions{PartitionCount: f.partitions, DeadLetter: deadLetter},
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
@@ -173,7 +190,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 
 	opts := relay.Options()
 	a.log.Info("txoutbox: relay started", "database", db.redacted, "table", a.table, "broker", redact(f.broker),
-		"batch_size", opts.BatchSize, "concurrency", opts.Concurrency, "max_attempts", opts.Retry.MaxAttempts, "drain", f.drain)
+		"batch_size", opts.BatchSize, "concurrency", opts.Concurrency, "max_attempts", opts.Retry.MaxAttempts, "ordered", relay.Ordered(), "drain", f.drain)
 	start := time.Now()
 	if f.drain {
 		res, err := relay.Drain(ctx)
