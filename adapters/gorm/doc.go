@@ -1,4 +1,4 @@
-// Package gormoutbox is txoutbox's GORM adapter: a models' events go to the
+// Package gormoutbox is txoutbox's GORM adapter: a model's events go to the
 // outbox in the transaction GORM writes the model in, without hand-written
 // inserts.
 //
@@ -24,7 +24,12 @@
 // and writes them with one multi-row INSERT just before COMMIT (up to
 // dialect.MaxInsertRows events; more take one more statement per
 // MaxInsertRows). Events of a nested db.Transaction that rolls back to its
-// savepoint are dropped with it.
+// savepoint are dropped with it. The write happens beneath GORM, so GORM's
+// logger does not show it, and the events are not visible to queries in
+// their own transaction before it commits. Transactions the Plugin cannot
+// follow (those begun on the dedicated connection of db.Connection, or from
+// a session made before db.Use) get their events written at once instead,
+// one INSERT per write: still atomic, one statement more per write.
 //
 // The relay reads the outbox through Store, which is the SQL store of
 // adapters/sqlx on the *sql.DB under GORM, so that both adapters run the same
