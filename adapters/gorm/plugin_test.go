@@ -567,3 +567,37 @@ func TestAssociationsEmitInTheSameTransaction(t *testing.T) {
 		wantTypes(t, e.outboxRows(t), "item.create/a@"+id, "item.create/b@"+id, "cart.create/"+id)
 	})
 }
+
+// ticket is soft-deleted: GORM's Delete is an UPDATE of deleted_at.
+type ticket struct {
+	ID        int64 `gorm:"primaryKey"`
+	Title     string
+	DeletedAt gorm.DeletedAt
+}
+
+func (k *ticket) OutboxEvents(op gormoutbox.Op) ([]core.Event, error) {
+	return []core.Event{{EventType: "ticket." + op.String(), AggregateID: strconv.FormatInt(k.ID, 10)}}, nil
+}
+
+func TestSoftDeleteAndSaveUpsert(t *testing.T) {
+	forEach(t, nil, func(t *testing.T, e *env) {
+		if err := e.db.AutoMigrate(&ticket{}); err != nil {
+			t.Fatal(err)
+		}
+		k := ticket{Title: "a"}
+		if err := e.db.Create(&k).Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := e.db.Delete(&k).Error; err != nil {
+			t.Fatal(err)
+		}
+		// Save of a primary key that does not exist yet: GORM's UPDATE
+		// touches no row (no event), then it INSERTs (a create event).
+		fresh := ticket{ID: 500, Title: "upserted"}
+		if err := e.db.Save(&fresh).Error; err != nil {
+			t.Fatal(err)
+		}
+		id := strconv.FormatInt(k.ID, 10)
+		wantTypes(t, e.outboxRows(t), "ticket.create/"+id, "ticket.delete/"+id, "ticket.create/500")
+	})
+}
