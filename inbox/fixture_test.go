@@ -83,7 +83,13 @@ func (b backend) newSQLFixture(t *testing.T, useSqlx bool) (*outboxtest.InboxFix
 	if useSqlx {
 		handle = sqlx.NewDb(db, b.dialect)
 	}
-	ib, err := inbox.NewSQL(handle, inbox.SQLOptions{})
+	opts := inbox.SQLOptions{}
+	if b.name == "SQLiteNoBusyTimeout" {
+		// Under -race on a loaded machine, 80 deliveries polling for one
+		// lock take tens of seconds; the default 30s is for production.
+		opts.BusyTimeout = 3 * time.Minute
+	}
+	ib, err := inbox.NewSQL(handle, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
