@@ -709,3 +709,33 @@ func TestCustomTable(t *testing.T) {
 		t.Errorf("published in shop.events = %d, %v", n, err)
 	}
 }
+
+// Values never reach the SQL text: hostile strings are stored and matched
+// verbatim.
+func TestHostileValuesAreBound(t *testing.T) {
+	forEach(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		const evil = `x'); DROP TABLE orders; -- ? $1 "`
+		ev := core.Event{AggregateType: evil, AggregateID: evil, EventType: evil, Payload: []byte(`{"s": "` + strings.ReplaceAll(evil, `"`, `\"`) + `"}`), Headers: map[string]string{evil: evil}}
+		evs := e.enqueue(t, true, ev)
+		got := e.get(t, evs[0].ID)
+		if got.EventType != evil || got.AggregateID != evil || got.Headers[evil] != evil {
+			t.Errorf("stored %+v", got)
+		}
+		c := e.claim(t, 10)
+		if err := c.Commit(ctx, core.Outcome{Failed: []core.Failure{{Seq: evs[0].Seq, Err: evil, Dead: true}}}); err != nil {
+			t.Fatal(err)
+		}
+		dead, err := e.box.ListDead(ctx, sqlxoutbox.DeadFilter{EventType: evil}, sqlxoutbox.Page{})
+		if err != nil || len(dead) != 1 || dead[0].LastError != evil {
+			t.Errorf("ListDead(evil type) = %v, %v", dead, err)
+		}
+		if n, err := e.box.RetryDead(ctx, sqlxoutbox.DeadFilter{EventType: evil}); err != nil || n != 1 {
+			t.Errorf("RetryDead(evil type) = %d, %v", n, err)
+		}
+		var orders int
+		if err := e.db.GetContext(ctx, &orders, "SELECT count(*) FROM orders"); err != nil || orders != 1 {
+			t.Errorf("orders table: %d rows, %v", orders, err)
+		}
+	})
+}
