@@ -196,8 +196,11 @@ func TestMigrate(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "outbox table outbox_events, inbox table processed_events") {
 		t.Fatalf("migrate: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	// Idempotent.
-	ok(t, dsn, "migrate")
+	// Idempotent; and the flag wins over the environment.
+	r = run(t, "", []string{"TXOUTBOX_DSN=postgres://nobody@127.0.0.1:1/nothing"}, "migrate", "--dsn", dsn)
+	if r.code != 0 {
+		t.Fatalf("migrate with --dsn over a bad TXOUTBOX_DSN: exit %d\n%s", r.code, r.stderr)
+	}
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		t.Fatal(err)
