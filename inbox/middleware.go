@@ -36,6 +36,7 @@ const (
 	ProcessWithoutDedup
 )
 
+// String names the policy, for logs and flags.
 func (p MissingEventIDPolicy) String() string {
 	switch p {
 	case RejectMissingEventID:
