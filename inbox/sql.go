@@ -225,29 +225,32 @@ func (s *SQL) record(ctx context.Context, consumer, eventID string) (*txValue, b
 	start := time.Now()
 	wait := time.Millisecond
 	for {
+		// With _txlock=immediate in the DSN the lock is taken, and may be
+		// refused, at BEGIN already; otherwise at the INSERT.
 		v, err := s.begin(ctx)
-		if err != nil {
-			return nil, false, err
-		}
-		q, args := s.q.Record(consumer, eventID)
-		res, err := v.tx.ExecContext(ctx, q, args...)
 		if err == nil {
-			n, err := res.RowsAffected()
-			if err != nil {
-				_ = v.tx.Rollback()
-				return nil, false, fmt.Errorf("inbox: rows affected: %w", err)
+			q, args := s.q.Record(consumer, eventID)
+			var res sql.Result
+			res, err = v.tx.ExecContext(ctx, q, args...)
+			if err == nil {
+				n, err := res.RowsAffected()
+				if err != nil {
+					_ = v.tx.Rollback()
+					return nil, false, fmt.Errorf("inbox: rows affected: %w", err)
+				}
+				return v, n == 1, nil
 			}
-			return v, n == 1, nil
+			_ = v.tx.Rollback()
+			err = fmt.Errorf("inbox: record event %s for %s: %w", eventID, consumer, err)
 		}
-		_ = v.tx.Rollback()
 		if !s.sqlite || !isBusy(err) || time.Since(start) >= s.opts.BusyTimeout {
-			return nil, false, fmt.Errorf("inbox: record event %s for %s: %w", eventID, consumer, err)
+			return nil, false, err
 		}
 		// Jittered, so that waiting writers do not wake in lockstep.
 		d := wait/2 + rand.N(wait/2+1)
 		select {
 		case <-ctx.Done():
-			return nil, false, fmt.Errorf("inbox: record event %s for %s: %w (after %w)", eventID, consumer, ctx.Err(), err)
+			return nil, false, fmt.Errorf("inbox: %w (after %w)", ctx.Err(), err)
 		case <-time.After(d):
 		}
 		wait = min(2*wait, 25*time.Millisecond)
