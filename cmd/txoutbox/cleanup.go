@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -41,13 +43,25 @@ can no longer be replayed. The relay can run the same cleanup periodically
 			defer db.Close()
 			start := time.Now()
 			opts := core.CleanupOptions{Retention: retention, BatchSize: batchSize, Pause: pause, Logger: a.log}
+			// On a terminal the progress line is rewritten in place; in a
+			// log file or pipe each batch gets its own line.
+			tty := isTerminal(a.stderr)
+			progressed := false
 			if !quiet {
 				opts.OnProgress = func(deleted int64) {
+					progressed = true
 					rate := float64(deleted) / max(time.Since(start).Seconds(), 1e-3)
-					fmt.Fprintf(a.stderr, "deleted %d events (%.0f/s)\n", deleted, rate)
+					if tty {
+						fmt.Fprintf(a.stderr, "\rdeleted %d events (%.0f/s)", deleted, rate)
+					} else {
+						fmt.Fprintf(a.stderr, "deleted %d events (%.0f/s)\n", deleted, rate)
+					}
 				}
 			}
 			n, err := core.Cleanup(cmd.Context(), ob, opts)
+			if tty && progressed {
+				fmt.Fprintln(a.stderr)
+			}
 			if err != nil {
 				return err
 			}
@@ -62,4 +76,14 @@ can no longer be replayed. The relay can run the same cleanup periodically
 	fl.DurationVar(&pause, "pause", 0, "sleep between batches")
 	fl.BoolVarP(&quiet, "quiet", "q", false, "no progress lines")
 	return cmd
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
