@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
-
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/testenv"
@@ -18,13 +16,8 @@ import (
 // step skips them (-skip Outage).
 
 // fastReconnect re-dials every 100-500ms, so that tests do not wait for
-// watermill-amqp's default backoff (up to 60s).
-var fastReconnect = &wamqp.ReconnectConfig{
-	BackoffInitialInterval:     100 * time.Millisecond,
-	BackoffRandomizationFactor: 0.5,
-	BackoffMultiplier:          1.5,
-	BackoffMaxInterval:         500 * time.Millisecond,
-}
+// the default backoff (up to 10s).
+var fastReconnect = amqpbroker.Reconnect{Min: 100 * time.Millisecond, Max: 500 * time.Millisecond}
 
 // rabbitDown stops the RabbitMQ application (the node stays up, so the CLI
 // can start it again) and makes sure it comes back when the test ends, even

@@ -1,0 +1,276 @@
+package amqpbroker
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/txoutbox/txoutbox/core"
+)
+
+// DefaultChannels is the default Options.Channels.
+const DefaultChannels = 4
+
+// maxInFlight bounds the messages one channel has unconfirmed; it is also
+// the buffer of the channel's returns, so that RabbitMQ's reader goroutine
+// never blocks on a return while we wait for confirms.
+const maxInFlight = 1024
+
+// Options configures a Publisher.
+type Options struct {
+	// URL is the AMQP URL with credentials and vhost:
+	// amqp://user:pass@host:5672/vhost, or amqps://...:5671/... for TLS.
+	// Required.
+	URL string
+	// Topology must match the subscribers'.
+	Topology
+	// Topic maps an event to its topic. Default core.TopicByEventType.
+	Topic core.TopicFunc
+	// Consumers names consumers whose durable queues the publisher declares
+	// and binds before its first publish to a topic, so that their events
+	// wait in the queue even before the consumer first subscribed.
+	Consumers []string
+	// AllowUnroutable accepts RabbitMQ's confirm of a message that no queue
+	// is bound to (RabbitMQ drops it). By default messages are mandatory and
+	// such an event fails with ErrUnroutable and stays in the outbox.
+	AllowUnroutable bool
+	// Channels is how many AMQP channels (each in confirm mode) the
+	// publisher keeps; concurrent Publish calls (relay workers) use one
+	// each. Default DefaultChannels.
+	Channels int
+	// TLSConfig replaces the TLS configuration of an amqps:// URL (private
+	// CA, client certificate). Optional.
+	TLSConfig *tls.Config
+	// Reconnect tunes re-dialling after the connection dropped.
+	Reconnect Reconnect
+	// Logger receives connection logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Publisher is a core.Publisher to RabbitMQ with publisher confirms.
+//
+// Messages are encoded by watermill-amqp's DefaultMarshaler, so Watermill
+// subscribers (this package's or watermill-amqp's own) read them as
+// Watermill messages whose UUID is the event ID.
+type Publisher struct {
+	conn      *conn
+	topology  Topology
+	topic     core.TopicFunc
+	consumers []string
+	mandatory bool
+	marshal   wamqp.DefaultMarshaler
+	pool      chan *confirmChannel
+
+	mu       sync.Mutex
+	declared map[string]uint64 // topic -> connection generation it was declared on
+}
+
+// confirmChannel is a channel in confirm mode with its returns.
+type confirmChannel struct {
+	ch      *amqp.Channel
+	gen     uint64
+	returns chan amqp.Return
+}
+
+// NewPublisher connects to RabbitMQ and returns a Publisher. Close it to
+// close the connection.
+func NewPublisher(opts Options) (*Publisher, error) {
+	if opts.URL == "" {
+		return nil, fmt.Errorf("%w: URL is empty", ErrInvalidOptions)
+	}
+	if err := opts.Topology.validate(); err != nil {
+		return nil, err
+	}
+	if opts.Channels < 0 {
+		return nil, fmt.Errorf("%w: negative Channels", ErrInvalidOptions)
+	}
+	if opts.Channels == 0 {
+		opts.Channels = DefaultChannels
+	}
+	if opts.Topic == nil {
+		opts.Topic = core.TopicByEventType
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	c, err := newConn(dialer(opts.URL, opts.TLSConfig, "txoutbox publisher"), opts.Reconnect, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("amqpbroker: connect publisher: %w", err)
+	}
+	p := &Publisher{
+		conn:      c,
+		topology:  opts.Topology,
+		topic:     opts.Topic,
+		consumers: opts.Consumers,
+		mandatory: !opts.AllowUnroutable,
+		pool:      make(chan *confirmChannel, opts.Channels),
+		declared:  map[string]uint64{},
+	}
+	for range opts.Channels {
+		p.pool <- nil // opened on first use
+	}
+	return p, nil
+}
+
+// Publish sends the events on one channel, in order, and returns when
+// RabbitMQ confirmed each of them, with a *core.BatchError naming the ones
+// it nacked, returned as unroutable, or did not confirm before the channel
+// or connection closed. All messages are published before the first confirm
+// is awaited, so a batch costs about one round trip and one disk sync.
+//
+// RabbitMQ keeps the order of one channel's messages in a queue, so one
+// aggregate's events arrive in the order of the batch.
+func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	be := core.NewBatchError(len(events))
+	var cc *confirmChannel
+	select {
+	case cc = <-p.pool:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { p.pool <- cc }()
+
+	for start := 0; start < len(events); start += maxInFlight {
+		chunk := events[start:min(start+maxInFlight, len(events))]
+		var err error
+		if cc, err = p.channel(cc); err != nil {
+			for i := range chunk {
+				be.Errs[start+i] = fmt.Errorf("event %s: %w", chunk[i].ID, err)
+			}
+			continue
+		}
+		if p.publishChunk(ctx, cc, chunk, be.Errs[start:start+len(chunk)]) {
+			cc.ch.Close() // broken: the next Publish opens a fresh one
+			cc = nil
+		}
+	}
+	return be.ErrOrNil()
+}
+
+// channel returns cc if it is still open on the current connection, or a
+// fresh confirm-mode channel.
+func (p *Publisher) channel(cc *confirmChannel) (*confirmChannel, error) {
+	c, gen, err := p.conn.get()
+	if err != nil {
+		return nil, err
+	}
+	if cc != nil && cc.gen == gen && !cc.ch.IsClosed() {
+		return cc, nil
+	}
+	ch, err := c.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("%w: open channel: %w", ErrNotConnected, err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("%w: confirm mode: %w", ErrNotConnected, err)
+	}
+	return &confirmChannel{ch: ch, gen: gen, returns: ch.NotifyReturn(make(chan amqp.Return, maxInFlight))}, nil
+}
+
+// publishChunk publishes at most maxInFlight events and waits for their
+// confirms, filling errs. It reports whether the channel is broken.
+func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events []core.Event, errs []error) (broken bool) {
+	confirms := make([]*amqp.DeferredConfirmation, len(events))
+	exchanges := make([]string, len(events))
+	for i := range events {
+		ev := &events[i]
+		topic := p.topic(ev)
+		if topic == "" {
+			errs[i] = fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID)
+			continue
+		}
+		exchange, err := p.declare(cc, topic)
+		if err != nil {
+			errs[i] = fmt.Errorf("%w: event %s: %w", ErrPublish, ev.ID, err)
+			broken = true
+			break // a failed declaration closes the channel
+		}
+		exchanges[i] = exchange
+		msg, err := p.marshal.Marshal(core.NewMessage(ctx, ev))
+		if err != nil {
+			errs[i] = fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err)
+			continue
+		}
+		// MessageId matches a basic.return to its event.
+		msg.MessageId = ev.ID
+		msg.ContentType = "application/json"
+		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, topic, p.mandatory, false, msg)
+		if err != nil {
+			errs[i] = fmt.Errorf("%w: %s event %s to exchange %q: %w", ErrPublish, ev.EventType, ev.ID, exchange, err)
+			broken = true
+			break
+		}
+		confirms[i] = dc
+	}
+	for i, dc := range confirms {
+		if dc == nil {
+			if errs[i] == nil {
+				errs[i] = fmt.Errorf("%w: event %s not sent: the channel failed before it", ErrPublish, events[i].ID)
+			}
+			continue
+		}
+		ack, err := dc.WaitContext(ctx)
+		switch {
+		case err != nil:
+			// The broker may still take it; the relay retries and the
+			// consumer's inbox absorbs a duplicate.
+			errs[i] = fmt.Errorf("%w: event %s: waiting for confirm: %w", ErrPublish, events[i].ID, err)
+			broken = true
+		case !ack:
+			errs[i] = fmt.Errorf("%w: %s event %s to exchange %q: %w", ErrPublish, events[i].EventType, events[i].ID, exchanges[i], ErrNacked)
+		}
+	}
+	// RabbitMQ sends basic.return before the ack of the same message, and
+	// amqp091 hands both over in that order, so every return of this chunk
+	// is in the buffer now.
+	for {
+		select {
+		case r, ok := <-cc.returns:
+			if !ok {
+				return true
+			}
+			for i := range events {
+				if events[i].ID == r.MessageId && errs[i] == nil {
+					errs[i] = fmt.Errorf("%w: %s event %s: exchange %q routed it to no queue (%d %s)", ErrUnroutable, events[i].EventType, events[i].ID, r.Exchange, r.ReplyCode, r.ReplyText)
+				}
+			}
+		default:
+			return broken
+		}
+	}
+}
+
+// declare declares topic's exchange, and the Consumers' queues, once per
+// connection (durable ones survive a restart, but a new broker node has
+// none).
+func (p *Publisher) declare(cc *confirmChannel, topic string) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.declared[topic] == cc.gen {
+		return p.topology.ExchangeName(topic), nil
+	}
+	exchange, err := p.topology.declare(cc.ch, topic)
+	if err != nil {
+		return "", err
+	}
+	for _, c := range p.consumers {
+		if _, err := p.topology.declareQueue(cc.ch, c, topic); err != nil {
+			return "", err
+		}
+	}
+	p.declared[topic] = cc.gen
+	return exchange, nil
+}
+
+// Close closes the publisher's channels and connection. Publish calls in
+// flight fail.
+func (p *Publisher) Close() error { return p.conn.close() }
