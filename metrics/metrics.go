@@ -70,6 +70,7 @@ type Metrics struct {
 	dead      *prometheus.CounterVec
 	batches   prometheus.Counter
 	claimed   prometheus.Counter
+	released  prometheus.Counter
 
 	publishDuration *prometheus.HistogramVec
 	claimDuration   *prometheus.HistogramVec
@@ -142,6 +143,8 @@ func New(opts Options) (*Metrics, error) {
 			Help: "Claims that returned at least one event.", ConstLabels: cl}),
 		claimed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_claimed_total",
 			Help: "Events handed to the relay by claims.", ConstLabels: cl}),
+		released: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_released_total",
+			Help: "Claimed events given back unmarked (a shutdown cut their batch off); they are published again.", ConstLabels: cl}),
 		publishDuration: duration("publish_duration_seconds", "Duration of one Publish call of a batch, by result (ok, partial, error)."),
 		claimDuration:   duration("claim_duration_seconds", "Duration of one Store.Claim, by result."),
 		markDuration:    duration("mark_duration_seconds", "Duration of recording a batch's outcome (Claim.Commit), by result."),
@@ -161,7 +164,7 @@ func New(opts Options) (*Metrics, error) {
 	}
 	m.threshold.Set(opts.LagThreshold.Seconds())
 	m.collectors = []prometheus.Collector{
-		m.published, m.failed, m.dead, m.batches, m.claimed,
+		m.published, m.failed, m.dead, m.batches, m.claimed, m.released,
 		m.publishDuration, m.claimDuration, m.markDuration, m.lag,
 		m.pending, m.oldestPendingAge, m.deadEvents, m.pendingByType, m.oldestByType, m.deadByType,
 		m.threshold, m.lagging, m.statsTime,
@@ -294,6 +297,16 @@ func (s *store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 type claim struct {
 	core.Claim
 	m *Metrics
+}
+
+// Release counts the events given back: the relay releases a non-empty
+// claim only when a shutdown cut its batch off.
+func (c *claim) Release(ctx context.Context) error {
+	err := c.Claim.Release(ctx)
+	if err == nil {
+		c.m.released.Add(float64(len(c.Claim.Events())))
+	}
+	return err
 }
 
 // Commit records the outcome, then counts it: only an outcome the store

@@ -483,3 +483,25 @@ func TestDecoratorsKeepOptionalInterfaces(t *testing.T) {
 		t.Error("PreservesAggregateOrder lost by the decorator")
 	}
 }
+
+func TestReleasedEventsCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(metrics.Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := m.Store(newMemStore(events("x", 3, 0)...))
+	c, err := st.Claim(context.Background(), core.ClaimRequest{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(context.Background()); !errors.Is(err, core.ErrClaimDone) {
+		t.Fatalf("second Release: %v", err)
+	}
+	if got := value(t, reg, "txoutbox_events_released_total"); got != 3 {
+		t.Fatalf("released = %v, want 3 (the second Release gave nothing back)", got)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -61,8 +62,9 @@ up to --max-backoff, with jitter) and dead-lettered after --max-attempts.
 
 The HTTP server on --http-addr serves:
   /metrics   Prometheus metrics (txoutbox_* plus Go and process metrics)
-  /healthz   200 while the database answers; 503 when it does not, or while
-             shutting down
+  /healthz   readiness: 200 while the database answers; 503 when it does
+             not, or while shutting down
+  /livez     liveness: 200 while the process serves
 
 ` + brokerHelp,
 		Example: `  # Try it out: print every event on stdout.
@@ -89,7 +91,7 @@ The HTTP server on --http-addr serves:
 	fl.DurationVar(&f.initialBackoff, "initial-backoff", core.DefaultRetryPolicy.InitialBackoff, "wait after the first failure")
 	fl.DurationVar(&f.maxBackoff, "max-backoff", core.DefaultRetryPolicy.MaxBackoff, "longest wait between attempts")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long the batch in flight may take to finish after SIGTERM")
-	fl.StringVar(&f.httpAddr, "http-addr", ":9090", `address of /metrics and /healthz; "" disables`)
+	fl.StringVar(&f.httpAddr, "http-addr", ":9090", `address of /metrics, /healthz and /livez; "" disables`)
 	fl.DurationVar(&f.lagThreshold, "lag-threshold", time.Minute, "oldest pending age that counts as lagging (warning log, txoutbox_lagging=1)")
 	fl.DurationVar(&f.statsInterval, "stats-interval", 15*time.Second, "how often the pending/dead gauges are refreshed")
 	fl.DurationVar(&f.cleanupInterval, "cleanup-interval", 0, "run retention cleanup this often (0: never; see 'txoutbox cleanup')")
@@ -252,6 +254,13 @@ func (a *app) serveHTTP(addr string, reg *prometheus.Registry, db *database, rel
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)
 		_ = json.NewEncoder(w).Encode(rep)
+	})
+	// /livez only says the process serves: a liveness probe on /healthz
+	// would restart every relay while the database is down, which cures
+	// nothing and loses the batch in flight.
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

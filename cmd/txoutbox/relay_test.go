@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -204,6 +205,14 @@ func TestHealthzTurnsUnavailableWhenStopping(t *testing.T) {
 	if code, rep := healthz(t, addr); code != http.StatusOK || rep.Status != "ok" {
 		t.Fatalf("healthz: %d %+v", code, rep)
 	}
+	livez := func() int {
+		resp, err := http.Get("http://" + addr + "/livez")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
 	stopping.Store(true)
 	if code, rep := healthz(t, addr); code != http.StatusServiceUnavailable || rep.Status != "stopping" {
 		t.Fatalf("healthz while stopping: %d %+v", code, rep)
@@ -212,5 +221,47 @@ func TestHealthzTurnsUnavailableWhenStopping(t *testing.T) {
 	db.db.Close() // the database is gone
 	if code, rep := healthz(t, addr); code != http.StatusServiceUnavailable || rep.Status != "unavailable" || rep.Database == "ok" {
 		t.Fatalf("healthz without a database: %d %+v", code, rep)
+	}
+	if code := livez(); code != http.StatusOK {
+		t.Fatalf("livez without a database: %d, want 200 (restarting cures nothing)", code)
+	}
+}
+
+// TestSeveralRelays runs two relay processes with two workers each against
+// one table: SKIP LOCKED claims must give every event to exactly one of them.
+func TestSeveralRelays(t *testing.T) {
+	f := newFixture(t)
+	const total = 300
+	evs := f.enqueue(t, "order.created", "1", total/2)
+	evs = append(evs, f.enqueue(t, "order.paid", "2", total/2)...)
+	args := []string{"--broker", "log://?delay=10ms", "--batch-size", "10", "--concurrency", "2", "--poll-interval", "50ms"}
+	cmd1, out1, err1, _ := startRelay(t, f.dsn, args...)
+	cmd2, out2, err2, _ := startRelay(t, f.dsn, args...)
+	waitFor(t, 60*time.Second, "every event published", func() bool {
+		return f.count(t, "published_at IS NULL") == 0
+	})
+	for i, cmd := range []*exec.Cmd{cmd1, cmd2} {
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code := exitCode(t, cmd, 30*time.Second); code != 0 {
+			t.Fatalf("relay %d exited %d:\n%s", i+1, code, []*lockedBuffer{err1, err2}[i].String())
+		}
+	}
+	ids1, ids2 := sinkIDs(t, out1.String()), sinkIDs(t, out2.String())
+	if len(ids1) == 0 || len(ids2) == 0 {
+		t.Logf("one relay did all the work (%d / %d): possible, but the test then proves less", len(ids1), len(ids2))
+	}
+	seen := map[string]int{}
+	for _, id := range append(ids1, ids2...) {
+		seen[id]++
+	}
+	for _, ev := range evs {
+		if seen[ev.ID] != 1 {
+			t.Fatalf("event %s published %d times by the two relays, want once", ev.ID, seen[ev.ID])
+		}
+	}
+	if len(seen) != total || f.count(t, "attempt_count <> 1") != 0 {
+		t.Fatalf("%d distinct published; %d events with attempt_count != 1", len(seen), f.count(t, "attempt_count <> 1"))
 	}
 }
