@@ -66,7 +66,8 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "txoutbox: %v\n", err)
+	// Errors from the library already name it.
+	fmt.Fprintf(stderr, "txoutbox: %s\n", strings.TrimPrefix(err.Error(), "txoutbox: "))
 	switch {
 	case errors.Is(err, ErrUsage):
 		fmt.Fprintln(stderr, "Run 'txoutbox --help' for usage.")
