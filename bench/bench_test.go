@@ -1,0 +1,151 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+)
+
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// TestQuickRun runs the whole command in -quick mode on the real
+// PostgreSQL and checks that the table has a row for every scenario. It
+// asserts nothing about the figures: they belong to the machine, not to the
+// code.
+func TestQuickRun(t *testing.T) {
+	c := defaults(true)
+	c.DSN = testenv.Env(t, "TXOUTBOX_PG_DSN")
+	// Smaller still than -quick: the test proves the command works, and
+	// the machine is shared with other tests.
+	c.Backlog, c.WatermillMsgs, c.Retained, c.Pending, c.ClaimSamples = 2_000, 500, 5_000, 500, 20
+	c.LatencyFor, c.ProducerFor = c.LatencyFor/4, c.ProducerFor/4
+	var out bytes.Buffer
+	if err := run(context.Background(), c, &out, quietLog); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	t.Log("\n" + out.String())
+	lines := strings.Split(out.String(), "\n")
+	if lines[0] != "| scenario | txoutbox | baseline | ratio | target | pass/fail |" {
+		t.Fatalf("no table header: %q", lines[0])
+	}
+	for _, want := range []string{
+		"| a  relay drain vs raw SQL", "| a' relay drain, relay pool with synchronous_commit=off",
+		"| b  relay drain vs Watermill", "| c  latency p50", "| c  latency p99", "LISTEN/NOTIFY",
+		"| d  producer tx/s with the outbox row", "| d  producer tx/s with a relay draining beside, in-process",
+		"| d  producer tx/s with a relay draining beside, debounced NOTIFY", "| d' producer tx/s with pg_notify",
+		"| e  claim latency p50", "| e  claim latency p99",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table has no row %q", want)
+		}
+	}
+	rows := 0
+	for _, l := range lines[2:] {
+		if !strings.HasPrefix(l, "| ") {
+			break
+		}
+		if n := strings.Count(l, " | "); n != 5 {
+			t.Errorf("row with %d separators: %q", n, l)
+		}
+		rows++
+	}
+	if rows != 13 {
+		t.Errorf("%d rows, want 13", rows)
+	}
+}
+
+// benchEnv is a bench database with the drain table for the go test
+// benchmarks of the hot paths.
+func benchEnv(b *testing.B) *bench {
+	c := defaults(true)
+	c.DSN = testenv.Env(b, "TXOUTBOX_PG_DSN")
+	be, err := newBench(context.Background(), c, quietLog)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = be.close() })
+	if _, err := be.outbox(context.Background(), be.db, drainTable, sqlxoutbox.Options{}); err != nil {
+		b.Fatal(err)
+	}
+	return be
+}
+
+// BenchmarkProcessBatch is one relay iteration on the sqlx store: claim
+// 100 events, publish them to memory, mark them published, commit.
+func BenchmarkProcessBatch(b *testing.B) {
+	be := benchEnv(b)
+	ctx := context.Background()
+	box, err := be.outbox(ctx, be.db, drainTable, sqlxoutbox.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	relay, err := core.NewRelay(box, &memPublisher{}, core.RelayOptions{BatchSize: 100, Logger: quietLog})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := be.fill(ctx, drainTable, 100*b.N); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		res, err := relay.ProcessBatch(ctx)
+		if err != nil || res.Published != 100 {
+			b.Fatalf("%+v %v", res, err)
+		}
+	}
+	b.ReportMetric(float64(100*b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkRawClaimMark is the baseline of BenchmarkProcessBatch: the same
+// claim and mark, written by hand on one pgx connection.
+func BenchmarkRawClaimMark(b *testing.B) {
+	be := benchEnv(b)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, be.dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := be.fill(ctx, drainTable, 100*b.N); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	n, err := rawDrain(ctx, conn, b.N)
+	if err != nil || n != 100*b.N {
+		b.Fatalf("%d %v", n, err)
+	}
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkEnqueue is the producer's cost of one event: BEGIN, Enqueue,
+// COMMIT.
+func BenchmarkEnqueue(b *testing.B) {
+	be := benchEnv(b)
+	ctx := context.Background()
+	box, err := be.outbox(ctx, be.db, drainTable, sqlxoutbox.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		tx, err := be.db.BeginTx(ctx, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := box.Enqueue(ctx, tx, core.Event{EventType: "order.created", AggregateID: "o-1", Payload: []byte(orderPayload(i))}); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

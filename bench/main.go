@@ -1,0 +1,230 @@
+// Command bench measures txoutbox on PostgreSQL against baselines measured
+// in the same run, and prints one table: scenario, txoutbox figure, baseline
+// figure, ratio, target, pass/fail.
+//
+//	go run ./bench -dsn postgres://postgres@127.0.0.1:55432/postgres?sslmode=disable
+//	go run ./bench -quick          # smaller sizes, about a minute
+//
+// The DSN (default $TXOUTBOX_PG_DSN) must be allowed to CREATE DATABASE: the
+// command makes a fresh database for its run and drops it at the end (-keep
+// keeps it). The scenarios:
+//
+//	a  relay drain of a backlog (in-memory publisher, batch 100, one worker)
+//	   against a hand-written pgx loop of the same claim and mark statements
+//	b  the same drain against Watermill's SQL forwarder (watermill-sql v4)
+//	c  end-to-end latency, commit to publish, at a steady 1k events/s: with
+//	   the in-process wake-up and with LISTEN/NOTIFY, against polling
+//	d  producer throughput: with the outbox row against without, and with
+//	   a relay draining beside the producers against without
+//	e  claim latency with millions of published rows retained against an
+//	   empty table
+//
+// Ratios compare figures taken minutes apart on the same machine and the same
+// database, so that a noisy, shared machine moves both sides together; each
+// throughput figure is the best of -rounds repetitions.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+)
+
+// config holds the sizes of a run.
+type config struct {
+	DSN    string
+	Keep   bool
+	Only   string // scenario letters to run, "" = all
+	Rounds int
+
+	Backlog        int           // a: events drained per run
+	WatermillMsgs  int           // b: messages forwarded
+	WatermillMax   time.Duration // b: cap on the forwarder's run
+	LatencyRate    int           // c: events per second
+	LatencyFor     time.Duration // c: per mode
+	PollInterval   time.Duration // c: the relay's poll
+	Producers      int           // d: concurrent producer connections
+	ProducerFor    time.Duration // d: per run
+	Retained       int           // e: published rows kept
+	Pending        int           // e: due rows the claims find
+	ClaimSamples   int           // e: claims timed per table
+	ClaimBatchSize int
+}
+
+func defaults(quick bool) config {
+	c := config{
+		Rounds:         2,
+		Backlog:        200_000,
+		WatermillMsgs:  20_000,
+		WatermillMax:   30 * time.Second,
+		LatencyRate:    1000,
+		LatencyFor:     10 * time.Second,
+		PollInterval:   100 * time.Millisecond,
+		Producers:      4,
+		ProducerFor:    8 * time.Second,
+		Retained:       5_000_000,
+		Pending:        10_000,
+		ClaimSamples:   400,
+		ClaimBatchSize: 100,
+	}
+	if quick {
+		c.Rounds = 1
+		c.Backlog = 20_000
+		c.WatermillMsgs = 2_000
+		c.WatermillMax = 10 * time.Second
+		c.LatencyFor = 2 * time.Second
+		c.ProducerFor = 2 * time.Second
+		c.Retained = 200_000
+		c.Pending = 2_000
+		c.ClaimSamples = 100
+	}
+	return c
+}
+
+func main() {
+	quick := flag.Bool("quick", false, "smaller sizes (about a minute)")
+	dsn := flag.String("dsn", os.Getenv("TXOUTBOX_PG_DSN"), "PostgreSQL DSN allowed to CREATE DATABASE (default $TXOUTBOX_PG_DSN)")
+	keep := flag.Bool("keep", false, "keep the benchmark database")
+	only := flag.String("only", "", "run only these scenarios, e.g. ac (default all of abcde)")
+	rounds := flag.Int("rounds", 0, "repetitions of each throughput measurement (default 2, 1 with -quick)")
+	backlog := flag.Int("backlog", 0, "a: backlog size (default 200000)")
+	retained := flag.Int("retained", 0, "e: published rows retained (default 5000000)")
+	verbose := flag.Bool("v", false, "progress on stderr")
+	flag.Parse()
+
+	c := defaults(*quick)
+	c.DSN, c.Keep, c.Only = *dsn, *keep, *only
+	if *rounds > 0 {
+		c.Rounds = *rounds
+	}
+	if *backlog > 0 {
+		c.Backlog = *backlog
+	}
+	if *retained > 0 {
+		c.Retained = *retained
+	}
+	if c.DSN == "" {
+		fmt.Fprintln(os.Stderr, "bench: no DSN: pass -dsn or set TXOUTBOX_PG_DSN")
+		os.Exit(2)
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, c, os.Stdout, log); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// run makes the database, runs the scenarios and prints the table to out.
+func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (err error) {
+	start := time.Now()
+	b, err := newBench(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := b.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	want := func(s string) bool { return c.Only == "" || strings.Contains(c.Only, s) }
+	var rows []row
+	var drain drainResult
+	if want("a") || want("b") {
+		if drain, err = b.drain(ctx); err != nil {
+			return fmt.Errorf("scenario a: %w", err)
+		}
+		rows = append(rows, drain.rows()...)
+	}
+	if want("b") {
+		wm, err := b.watermill(ctx)
+		if err != nil {
+			return fmt.Errorf("scenario b: %w", err)
+		}
+		rows = append(rows, row{
+			name: "b  relay drain vs Watermill SQL forwarder (events/s)", value: drain.relay, baseline: wm,
+			unit: "/s", ratioX: true, target: "≥ 20×", pass: drain.relay >= 20*wm, verdict: true,
+		})
+	}
+	if want("c") {
+		r, err := b.latency(ctx)
+		if err != nil {
+			return fmt.Errorf("scenario c: %w", err)
+		}
+		rows = append(rows, r...)
+	}
+	if want("d") {
+		r, err := b.producers(ctx)
+		if err != nil {
+			return fmt.Errorf("scenario d: %w", err)
+		}
+		rows = append(rows, r...)
+	}
+	if want("e") {
+		r, err := b.bloat(ctx)
+		if err != nil {
+			return fmt.Errorf("scenario e: %w", err)
+		}
+		rows = append(rows, r...)
+	}
+	printTable(out, rows)
+	fmt.Fprintf(out, "\n%s; PostgreSQL %s; %d rounds; took %s\n", b.machine, b.server, c.Rounds, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// row is one line of the table.
+type row struct {
+	name            string
+	value, baseline float64
+	unit            string // "/s", "ms", "tx/s"
+	ratioX          bool   // show the ratio as N× rather than a percentage
+	target          string
+	pass, verdict   bool // verdict false: informational row
+}
+
+func (r row) format(v float64) string {
+	switch r.unit {
+	case "ms":
+		return fmt.Sprintf("%.2f ms", v)
+	case "":
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.0f%s", v, r.unit)
+}
+
+func (r row) ratio() string {
+	if r.baseline == 0 {
+		return "—"
+	}
+	q := r.value / r.baseline
+	if r.ratioX {
+		return fmt.Sprintf("%.1f×", q)
+	}
+	return fmt.Sprintf("%.0f %%", 100*q)
+}
+
+func printTable(w io.Writer, rows []row) {
+	fmt.Fprintln(w, "| scenario | txoutbox | baseline | ratio | target | pass/fail |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	for _, r := range rows {
+		verdict := "info"
+		if r.verdict {
+			verdict = "FAIL"
+			if r.pass {
+				verdict = "pass"
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.name, r.format(r.value), r.format(r.baseline), r.ratio(), r.target, verdict)
+	}
+}
