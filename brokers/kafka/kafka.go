@@ -33,14 +33,7 @@ var (
 	ErrInvalidOptions = errors.New("kafkabroker: invalid options")
 	// ErrPublish is wrapped by the error of an event Kafka did not take.
 	ErrPublish = errors.New("kafkabroker: publish failed")
-	// ErrEarlierFailed is wrapped by the error of an event that was not sent
-	// because an earlier event of the same aggregate in the batch failed;
-	// sending it would overtake its predecessor on the partition.
-	ErrEarlierFailed = errors.New("kafkabroker: an earlier event of the aggregate failed")
 )
-
-// DefaultConcurrency is the default Options.Concurrency.
-const DefaultConcurrency = 16
 
 // Version is the Kafka protocol version NewSaramaConfig asks for: recent
 // enough for the idempotent producer (0.11+) and record headers.
@@ -96,25 +89,20 @@ type Options struct {
 	// Topic maps an event to its topic. Default core.TopicByEventType; see
 	// TopicMap.
 	Topic core.TopicFunc
-	// Concurrency is how many aggregates are sent in parallel within one
-	// Publish; sarama batches the records in flight together. Default
-	// DefaultConcurrency.
-	Concurrency int
 	// Sarama is the client configuration. Default NewSaramaConfig(). The
 	// publisher overrides the producer's acks, idempotence, in-flight
 	// requests, partitioner and return settings (see NewSaramaConfig); a
 	// Version below 0.11 is rejected.
 	Sarama *sarama.Config
-	// Logger receives the client's logs. Default slog.Default().
-	Logger *slog.Logger
 }
 
 // Publisher is a core.Publisher to Kafka with acks=all and an idempotent
-// producer.
+// producer. Records are encoded by Marshaler (watermill-kafka's format), so
+// Watermill subscribers read them as messages whose UUID is the event ID.
 type Publisher struct {
-	pub   *wkafka.Publisher
-	topic core.TopicFunc
-	conc  int
+	producer sarama.SyncProducer
+	topic    core.TopicFunc
+	marshal  Marshaler
 }
 
 // NewPublisher connects to Kafka and returns a Publisher. Close it to close
@@ -123,17 +111,8 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if len(opts.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: no Brokers", ErrInvalidOptions)
 	}
-	if opts.Concurrency < 0 {
-		return nil, fmt.Errorf("%w: negative Concurrency", ErrInvalidOptions)
-	}
-	if opts.Concurrency == 0 {
-		opts.Concurrency = DefaultConcurrency
-	}
 	if opts.Topic == nil {
 		opts.Topic = core.TopicByEventType
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
 	}
 	cfg := opts.Sarama
 	if cfg == nil {
@@ -146,41 +125,69 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: sarama: %w", ErrInvalidOptions, err)
 	}
-	pub, err := wkafka.NewPublisher(wkafka.PublisherConfig{
-		Brokers:               opts.Brokers,
-		Marshaler:             Marshaler{},
-		OverwriteSaramaConfig: cfg,
-	}, watermill.NewSlogLogger(opts.Logger))
+	// watermill-kafka's Publisher sends one record per round trip
+	// (SendMessage in a loop); a batch goes out in one SendMessages instead.
+	producer, err := sarama.NewSyncProducer(opts.Brokers, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kafkabroker: connect publisher: %w", err)
+		return nil, fmt.Errorf("kafkabroker: connect producer: %w", err)
 	}
-	return &Publisher{pub: pub, topic: opts.Topic, conc: opts.Concurrency}, nil
+	return &Publisher{producer: producer, topic: opts.Topic}, nil
 }
 
-// Publish sends the events and returns when Kafka acknowledged each of
-// them (acks=all), with a *core.BatchError naming the ones it did not take.
+// Publish sends the events in one batch and returns when Kafka acknowledged
+// each of them (acks=all), with a *core.BatchError naming the ones it did not
+// take.
 //
-// One aggregate's events are sent one after another, each after the
-// previous one was acknowledged; different aggregates go out in parallel.
-// When an event fails, the later events of its aggregate in the batch are
-// not sent (ErrEarlierFailed), so a partition never holds them out of order.
+// Records of one aggregate go to one partition in the order of the batch:
+// sarama keeps the order of a partition's records, and the idempotent
+// producer keeps it across its retries.
 func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
-	return publishByAggregate(ctx, events, p.conc, p.publishOne)
-}
-
-func (p *Publisher) publishOne(ctx context.Context, ev *core.Event) error {
-	topic := p.topic(ev)
-	if topic == "" {
-		return fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID)
+	if len(events) == 0 {
+		return nil
 	}
-	if err := p.pub.Publish(topic, core.NewMessage(ctx, ev)); err != nil {
-		return fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, ev.EventType, ev.ID, topic, err)
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	return nil
+	be := core.NewBatchError(len(events))
+	recs := make([]*sarama.ProducerMessage, 0, len(events))
+	index := make(map[*sarama.ProducerMessage]int, len(events))
+	for i := range events {
+		ev := &events[i]
+		topic := p.topic(ev)
+		if topic == "" {
+			be.Errs[i] = fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID)
+			continue
+		}
+		rec, err := p.marshal.Marshal(topic, core.NewMessage(ctx, ev))
+		if err != nil {
+			be.Errs[i] = fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err)
+			continue
+		}
+		recs = append(recs, rec)
+		index[rec] = i
+	}
+	// sarama's SendMessages takes no context; a producer that cannot reach
+	// the cluster gives up after its retries (Producer.Retry, Metadata.Retry).
+	err := p.producer.SendMessages(recs)
+	var perr sarama.ProducerErrors
+	switch {
+	case err == nil:
+	case errors.As(err, &perr):
+		for _, pe := range perr {
+			if i, ok := index[pe.Msg]; ok {
+				be.Errs[i] = fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, events[i].EventType, events[i].ID, pe.Msg.Topic, pe.Err)
+			}
+		}
+	default:
+		for _, i := range index {
+			be.Errs[i] = fmt.Errorf("%w: %s event %s: %w", ErrPublish, events[i].EventType, events[i].ID, err)
+		}
+	}
+	return be.ErrOrNil()
 }
 
 // Close flushes and closes the producer.
-func (p *Publisher) Close() error { return p.pub.Close() }
+func (p *Publisher) Close() error { return p.producer.Close() }
 
 // Marshaler is watermill-kafka's DefaultMarshaler (metadata as record
 // headers) with the aggregate ID as the record key. Events without an

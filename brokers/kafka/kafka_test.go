@@ -93,9 +93,6 @@ func (cl *cluster) start(t testing.TB) {
 func newPublisher(t testing.TB, brokers []string, opts kafkabroker.Options) *kafkabroker.Publisher {
 	t.Helper()
 	opts.Brokers = brokers
-	if opts.Logger == nil {
-		opts.Logger = quiet
-	}
 	p, err := kafkabroker.NewPublisher(opts)
 	if err != nil {
 		t.Fatalf("NewPublisher: %v", err)
@@ -380,8 +377,10 @@ func TestInvalidOptions(t *testing.T) {
 	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
 		t.Errorf("no brokers: %v", err)
 	}
-	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, Concurrency: -1}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
-		t.Errorf("negative concurrency: %v", err)
+	bad := kafkabroker.NewSaramaConfig()
+	bad.Producer.Retry.Max = -1
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, Sarama: bad}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
+		t.Errorf("invalid sarama config: %v", err)
 	}
 	if _, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: []string{"x:1"}}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
 		t.Errorf("no group: %v", err)
