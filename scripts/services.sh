@@ -99,16 +99,27 @@ start_rabbitmq() {
 }
 
 start_goaws() {
-	local bin="$SVC/bin/goaws"
+	# goaws runs as its own process, not inside the test binaries through
+	# its app/servertest: its handlers read the global topic and queue maps
+	# without their locks (gosns.go:507 Publish against :124 CreateTopic),
+	# which go test -race reports in any test publishing while another
+	# creates a topic; servertest also leaves Region and AccountId empty
+	# (malformed ARNs) and never starts the task that makes messages visible
+	# again after their visibility timeout.
+	local version=v0.4.5
+	# The version is in the binary's name so that bumping it rebuilds.
+	local bin="$SVC/bin/goaws-$version"
 	if [ ! -x "$bin" ]; then
 		mkdir -p "$SVC/bin"
-		(cd "$ROOT" && GOBIN="$SVC/bin" go install github.com/Admiral-Piett/goaws/app/cmd@v0.4.5 && mv "$SVC/bin/cmd" "$bin") >&2
+		(cd "$ROOT" && GOBIN="$SVC/bin" go install "github.com/Admiral-Piett/goaws/app/cmd@$version" && mv "$SVC/bin/cmd" "$bin") >&2
 	fi
 	if [ -f "$SVC/goaws.pid" ] && kill -0 "$(cat "$SVC/goaws.pid")" 2>/dev/null; then
 		log "goaws already running on $SNS_PORT"
 		return
 	fi
 	mkdir -p "$SVC/goaws"
+	# Host only names the emulator in the URLs it hands out (queue URLs,
+	# SigningCertURL); it listens on every interface of SNS_PORT.
 	cat >"$SVC/goaws/goaws.yaml" <<YAML
 Local:
   Host: localhost
@@ -119,9 +130,12 @@ Local:
   EnableDuplicates: true
 YAML
 	(cd "$SVC/goaws" && nohup "$bin" -config "$SVC/goaws/goaws.yaml" Local >"$SVC/goaws/log" 2>&1 & echo $! >"$SVC/goaws.pid")
-	for _ in $(seq 1 50); do
-		if (exec 3<>"/dev/tcp/127.0.0.1/$SNS_PORT") 2>/dev/null; then
-			log "goaws up on 127.0.0.1:$SNS_PORT"
+	# Ready when its router answers GET /health, not merely when the port
+	# accepts connections.
+	local i
+	for i in $(seq 1 100); do
+		if (exec 3<>"/dev/tcp/127.0.0.1/$SNS_PORT" && printf 'GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3 && head -c 12 <&3 | grep -q ' 200') 2>/dev/null; then
+			log "goaws $version up on 127.0.0.1:$SNS_PORT"
 			return
 		fi
 		sleep 0.2
