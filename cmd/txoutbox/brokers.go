@@ -84,7 +84,7 @@ func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.
 		if len(brokers) == 0 {
 			return nil, usagef("kafka:// needs at least one host:port")
 		}
-		p, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: brokers, Logger: log})
+		p, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: brokers})
 		if err != nil {
 			return nil, fmt.Errorf("connect to kafka %v: %w", brokers, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
 )
 
 func (a *app) cleanupCommand() *cobra.Command {
@@ -16,6 +17,8 @@ func (a *app) cleanupCommand() *cobra.Command {
 		retention, pause time.Duration
 		batchSize        int
 		quiet            bool
+		partitioned      bool
+		ahead            int
 	)
 	cmd := &cobra.Command{
 		Use:   "cleanup",
@@ -27,10 +30,16 @@ are never deleted. Progress is printed on stderr after each batch.
 
 Published events are kept for audit and 'txoutbox replay'; what cleanup deleted
 can no longer be replayed. The relay can run the same cleanup periodically
-(relay --cleanup-interval).`,
+(relay --cleanup-interval).
+
+For a table made by 'migrate --partitioned', pass --partitioned: cleanup then
+creates the daily partitions ahead and drops the partitions whose events were
+all published before the retention; a partition still holding a pending or
+dead event is kept.`,
 		Example: `  txoutbox cleanup                         # keep 30 days
   txoutbox cleanup --retention 168h        # keep a week
-  txoutbox cleanup --batch-size 5000 --pause 100ms`,
+  txoutbox cleanup --batch-size 5000 --pause 100ms
+  txoutbox cleanup --partitioned --retention 168h`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if retention <= 0 || batchSize < 1 || pause < 0 {
@@ -58,7 +67,15 @@ can no longer be replayed. The relay can run the same cleanup periodically
 					}
 				}
 			}
-			n, err := core.Cleanup(cmd.Context(), ob, opts)
+			var cleaner core.Cleaner = ob
+			if partitioned {
+				pm, err := dialect.NewPartitionMaintainer(db.db, db.dialect, dialect.PartitionOptions{Table: a.table, Ahead: ahead, Logger: a.log})
+				if err != nil {
+					return fmt.Errorf("%w: %w", ErrUsage, err)
+				}
+				cleaner = pm
+			}
+			n, err := core.Cleanup(cmd.Context(), cleaner, opts)
 			if tty && progressed {
 				fmt.Fprintln(a.stderr)
 			}
@@ -75,6 +92,8 @@ can no longer be replayed. The relay can run the same cleanup periodically
 	fl.IntVar(&batchSize, "batch-size", 1000, "events per DELETE")
 	fl.DurationVar(&pause, "pause", 0, "sleep between batches")
 	fl.BoolVarP(&quiet, "quiet", "q", false, "no progress lines")
+	fl.BoolVar(&partitioned, "partitioned", false, "the table is partitioned by day (migrate --partitioned): drop whole partitions")
+	fl.IntVar(&ahead, "partitions-ahead", dialect.DefaultPartitionsAhead, "with --partitioned: daily partitions kept created ahead")
 	return cmd
 }
 

@@ -21,6 +21,7 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
@@ -569,5 +570,58 @@ func exitCode(t *testing.T, cmd *exec.Cmd, d time.Duration) int {
 		_ = cmd.Process.Kill()
 		t.Fatalf("relay did not exit within %s", d)
 		return -1
+	}
+}
+
+func TestPartitionedMigrateAndCleanup(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	r := ok(t, dsn, "migrate", "--partitioned", "--partitions-ahead", "3")
+	if !strings.Contains(r.stdout, "migrated") {
+		t.Fatalf("migrate --partitioned: %s", r.stdout)
+	}
+	ok(t, dsn, "migrate", "--partitioned", "--partitions-ahead", "3") // idempotent
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	partitions := func() int {
+		var n int
+		if err := db.QueryRow("SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_events'::regclass").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := partitions(); n != 4 { // three days and the DEFAULT partition
+		t.Fatalf("%d partitions after migrate --partitioned --partitions-ahead 3, want 4", n)
+	}
+	var inbox bool
+	if err := db.QueryRow("SELECT to_regclass('processed_events') IS NOT NULL").Scan(&inbox); err != nil || !inbox {
+		t.Fatalf("no inbox table next to the partitioned outbox: %v", err)
+	}
+
+	// An event of 40 days ago, published then, in its own day's partition.
+	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{dsn: dsn, db: db, ob: ob}
+	old := time.Now().UTC().AddDate(0, 0, -40)
+	if _, err := dialect.EnsurePartitions(context.Background(), db, dialect.Postgres, dialect.PartitionOptions{Ahead: 1, Logger: quiet}, old); err != nil {
+		t.Fatal(err)
+	}
+	f.enqueue(t, "order.created", "1", 2)
+	ok(t, dsn, "relay", "--broker", "memory://", "--drain", "--http-addr", "")
+	f.exec(t, "UPDATE outbox_events SET created_at = $1, published_at = $1 WHERE id = (SELECT min(id) FROM outbox_events)", old)
+
+	r = ok(t, dsn, "cleanup", "--partitioned", "--partitions-ahead", "3")
+	if !strings.Contains(r.stdout, "deleted 1 published event(s)") {
+		t.Fatalf("cleanup --partitioned: %s\n%s", r.stdout, r.stderr)
+	}
+	if n := f.count(t, "true"); n != 1 {
+		t.Fatalf("%d events left, want the recent one", n)
+	}
+	if n := partitions(); n != 4 {
+		t.Fatalf("%d partitions after cleanup, want the old one dropped (4 left)", n)
 	}
 }

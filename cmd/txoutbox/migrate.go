@@ -14,6 +14,8 @@ func (a *app) migrateCommand() *cobra.Command {
 	var (
 		inboxTable, migrationsTable, dialectName string
 		skipInbox, skipOutbox, print             bool
+		partitioned                              bool
+		ahead                                    int
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate",
@@ -24,11 +26,21 @@ several processes at once (e.g. every replica's init container): the second one
 waits for the first and finds nothing left to do.
 
 With --print it applies nothing and prints the SQL instead, for teams that run
-their own migration tool (goose, Atlas, Flyway).`,
+their own migration tool (goose, Atlas, Flyway).
+
+With --partitioned (PostgreSQL) the outbox table is partitioned by day of
+created_at, and retention drops whole partitions instead of deleting rows:
+no DELETE, no VACUUM debt. Pass --partitioned to cleanup (and relay
+--cleanup-interval) for such a table too; they also create the partitions
+ahead. Decide before the table exists: an existing plain table is not
+converted.`,
 		Example: `  txoutbox migrate --dsn 'postgres://app:secret@localhost:5432/app?sslmode=disable'
 
   # A producer-only database, with a custom table name:
   txoutbox migrate --table billing.outbox --skip-inbox
+
+  # A high-volume outbox: one partition per day, retention by DROP.
+  txoutbox migrate --partitioned
 
   # Hand the SQL to your migration tool instead:
   txoutbox migrate --print --dialect postgres > 0001_txoutbox.sql`,
@@ -46,9 +58,21 @@ their own migration tool (goose, Atlas, Flyway).`,
 				if err != nil {
 					return err
 				}
-				ms, err := dialect.Migrations(d, opts)
-				if err != nil {
-					return err
+				var ms []dialect.Migration
+				if partitioned && !skipOutbox {
+					pms, err := dialect.PartitionedMigrations(d, partitionOptions(a, ahead, migrationsTable))
+					if err != nil {
+						return err
+					}
+					ms = pms
+					opts.SkipOutbox = true
+				}
+				if !opts.SkipInbox || !opts.SkipOutbox {
+					more, err := dialect.Migrations(d, opts)
+					if err != nil {
+						return err
+					}
+					ms = append(ms, more...)
 				}
 				for _, m := range ms {
 					fmt.Fprintf(a.stdout, "-- %s %s v%d: %s\n%s\n\n", m.Component, m.Table, m.Version, m.Name, m.SQL)
@@ -65,8 +89,16 @@ their own migration tool (goose, Atlas, Flyway).`,
 			}
 			defer db.Close()
 			start := time.Now()
-			if err := dialect.Migrate(cmd.Context(), db.db, db.dialect, opts); err != nil {
-				return fmt.Errorf("migrate %s: %w", db.redacted, err)
+			if partitioned && !skipOutbox {
+				if err := dialect.MigratePartitioned(cmd.Context(), db.db, db.dialect, partitionOptions(a, ahead, migrationsTable)); err != nil {
+					return fmt.Errorf("migrate partitioned outbox on %s: %w", db.redacted, err)
+				}
+				opts.SkipOutbox = true
+			}
+			if !opts.SkipInbox || !opts.SkipOutbox {
+				if err := dialect.Migrate(cmd.Context(), db.db, db.dialect, opts); err != nil {
+					return fmt.Errorf("migrate %s: %w", db.redacted, err)
+				}
 			}
 			a.log.Info("txoutbox: migrations applied", "database", db.redacted, "dialect", db.dialect.Name(),
 				"table", a.table, "inbox", !skipInbox, "took", time.Since(start).Round(time.Millisecond))
@@ -81,6 +113,8 @@ their own migration tool (goose, Atlas, Flyway).`,
 	f.BoolVar(&skipInbox, "skip-inbox", false, "leave the inbox table out (producer-only database)")
 	f.BoolVar(&skipOutbox, "skip-outbox", false, "leave the outbox table out (consumer-only database)")
 	f.BoolVar(&print, "print", false, "print the SQL instead of applying it (needs no database)")
+	f.BoolVar(&partitioned, "partitioned", false, "PostgreSQL: partition the outbox table by day (retention drops partitions)")
+	f.IntVar(&ahead, "partitions-ahead", dialect.DefaultPartitionsAhead, "with --partitioned: daily partitions kept created ahead, today included")
 	f.StringVar(&dialectName, "dialect", "", "with --print: postgres or sqlite (default: from --dsn, else postgres)")
 	return cmd
 }
@@ -101,6 +135,11 @@ func (a *app) printDialect(name string) (dialect.Dialect, error) {
 	}
 	slog.Debug("txoutbox: no --dialect or --dsn; printing PostgreSQL")
 	return dialect.Postgres, nil
+}
+
+// partitionOptions are the options of a partitioned outbox table.
+func partitionOptions(a *app, ahead int, migrationsTable string) dialect.PartitionOptions {
+	return dialect.PartitionOptions{Table: a.table, Ahead: ahead, MigrationsTable: migrationsTable, Logger: a.log}
 }
 
 func orDefault(s, def string) string {

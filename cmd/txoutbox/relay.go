@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/metrics"
 )
 
@@ -39,6 +40,7 @@ type relayFlags struct {
 	ordering        string
 	deadLetter      string
 	partitions      int
+	partitioned     bool
 }
 
 func (a *app) relayCommand() *cobra.Command {
@@ -98,7 +100,8 @@ The HTTP server on --http-addr serves:
 	fl.DurationVar(&f.retention, "retention", 30*24*time.Hour, "with --cleanup-interval: keep published events this long")
 	fl.StringVar(&f.ordering, "ordering", "auto", "per-aggregate order: auto (on when the broker keeps key order and the store can claim in order), on, off")
 	fl.StringVar(&f.deadLetter, "dead-letter-policy", "block", "ordered mode: block (hold an aggregate's later events behind a dead one) or skip")
-	fl.IntVar(&f.partitions, "partitions", core.DefaultPartitionCount, "ordered mode: partitions aggregates are hashed into (the same for every relay of an outbox)")
+	fl.IntVar(&f.partitions, "ordered-partitions", core.DefaultPartitionCount, "ordered mode: partitions aggregates are hashed into (the same for every relay of an outbox)")
+	fl.BoolVar(&f.partitioned, "partitioned", false, "with --cleanup-interval: the table is partitioned by day (migrate --partitioned)")
 	fl.BoolVar(&f.drain, "drain", false, "publish what is due, then exit instead of running until a signal")
 	return cmd
 }
@@ -183,10 +186,18 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		_ = mon.Run(bgCtx)
 	}()
 	if f.cleanupInterval > 0 {
+		var cleaner core.Cleaner = ob
+		if f.partitioned {
+			pm, err := dialect.NewPartitionMaintainer(db.db, db.dialect, dialect.PartitionOptions{Table: a.table, Logger: a.log})
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrUsage, err)
+			}
+			cleaner = pm
+		}
 		bg.Add(1)
 		go func() {
 			defer bg.Done()
-			_ = core.RunCleanup(bgCtx, ob, core.CleanupOptions{Retention: f.retention, Interval: f.cleanupInterval, Logger: a.log})
+			_ = core.RunCleanup(bgCtx, cleaner, core.CleanupOptions{Retention: f.retention, Interval: f.cleanupInterval, Logger: a.log})
 		}()
 	}
 
