@@ -78,8 +78,12 @@ func encodeAttributes(h map[string]string, max int, overflow string) (map[string
 		if err != nil {
 			return nil, 0, fmt.Errorf("%w: pack headers: %w", ErrInvalidHeader, err)
 		}
-		attrs[overflow] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(string(b))}
-		size += len(overflow) + len("String") + len(b)
+		// json.Marshal escapes control characters but not U+FFFE and
+		// U+FFFF, which XML (and so SNS) refuses; they can only be inside
+		// JSON strings, where the escape means the same.
+		js := strings.NewReplacer("\uFFFE", `\ufffe`, "\uFFFF", `\uffff`).Replace(string(b))
+		attrs[overflow] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(js)}
+		size += len(overflow) + len("String") + len(js)
 	}
 	return attrs, size, nil
 }
