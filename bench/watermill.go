@@ -12,8 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-const wmForwarderTopic = "txoutbox_bench_forwarder"
-
 // countingPublisher is the forwarder's destination: an in-memory broker
 // that accepts every message, like the relay's memPublisher.
 type countingPublisher struct{ n atomic.Int64 }
@@ -31,12 +29,16 @@ func (p *countingPublisher) Close() error { return nil }
 // an in-memory publisher. Everything is left at Watermill's defaults
 // (SubscribeBatchSize 100, the default offsets adapter) but the idle poll,
 // which the backlog never waits for anyway.
-func (b *bench) watermill(ctx context.Context) (float64, error) {
-	n := b.c.WatermillMsgs
+//
+// batch is SubscribeBatchSize (0: Watermill's default, 100) and n the
+// number of messages; each call uses a topic of its own.
+func (b *bench) watermill(ctx context.Context, batch, n int) (float64, error) {
+	wmForwarderTopic := fmt.Sprintf("txoutbox_bench_forwarder_%d", batch)
+	schema := wmsql.DefaultPostgreSQLSchema{SubscribeBatchSize: batch}
 	beginner := wmsql.BeginnerFromStdSQL(b.db)
 	logger := watermill.NopLogger{}
 	sqlPub, err := wmsql.NewPublisher(beginner, wmsql.PublisherConfig{
-		SchemaAdapter:        wmsql.DefaultPostgreSQLSchema{},
+		SchemaAdapter:        schema,
 		AutoInitializeSchema: true,
 	}, logger)
 	if err != nil {
@@ -60,7 +62,7 @@ func (b *bench) watermill(ctx context.Context) (float64, error) {
 	}
 
 	sub, err := wmsql.NewSubscriber(beginner, wmsql.SubscriberConfig{
-		SchemaAdapter:    wmsql.DefaultPostgreSQLSchema{},
+		SchemaAdapter:    schema,
 		OffsetsAdapter:   wmsql.DefaultPostgreSQLOffsetsAdapter{},
 		InitializeSchema: true,
 		PollInterval:     10 * time.Millisecond,
@@ -102,6 +104,6 @@ wait:
 	if got == 0 {
 		return 0, fmt.Errorf("the forwarder forwarded nothing in %s", b.c.WatermillMax)
 	}
-	b.log.Info("watermill forwarder", "forwarded", got, "of", n, "in", el, "per_s", int(float64(got)/el.Seconds()))
+	b.log.Info("watermill forwarder", "batch", batch, "forwarded", got, "of", n, "in", el, "per_s", int(float64(got)/el.Seconds()))
 	return float64(got) / el.Seconds(), nil
 }
