@@ -55,11 +55,10 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 	if err != nil {
 		return nil, err
 	}
+	// No casts to text in the column list: pgx and lib/pq both hand uuid
+	// and jsonb to database/sql as text or bytes, which ScanEvent takes, and
+	// the binary protocol then spares the server uuid_out on every row.
 	q := &Queries{d: d, id: id, t: d.qualified(id), cols: eventColumns}
-	if d.kind == kindPostgres {
-		// Text casts make the scanned types the same for every driver.
-		q.cols = "id, CAST(event_id AS text), aggregate_type, aggregate_id, event_type, CAST(payload AS text), CAST(headers AS text), created_at, published_at, attempt_count, last_error, next_attempt_at, dead_at"
-	}
 	now := d.now()
 	due := "published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= " + now
 	switch d.kind {

@@ -22,7 +22,15 @@
 // WAL and a busy timeout, and with immediate transactions, so that writers
 // queue instead of failing with SQLITE_BUSY:
 //
-//	file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_txlock=immediate
+//	file:app.db?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate
+//
+// WAL lets the relay read while a producer writes; busy_timeout makes a
+// writer wait for the lock instead of failing at once; _txlock=immediate
+// takes the write lock at BEGIN, so a transaction that reads and then writes
+// cannot fail half-way with SQLITE_BUSY. WAL mode is stored in the file; the
+// first switch to it needs the file to itself and does not wait on
+// busy_timeout, so make it once at start-up (dialect.Migrate's connection
+// does) before starting concurrent writers.
 //
 // SQLite has one writer at a time. A claim is therefore not a transaction but
 // one short UPDATE that stamps a lease (claimed_until) on the rows: producers
