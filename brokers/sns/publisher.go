@@ -391,6 +391,9 @@ func (p *Publisher) publishBatch(ctx context.Context, arn string, fifo bool, chu
 // topicARN resolves a topic name to its ARN: an ARN as is, then
 // Options.TopicARNs, the cache, CreateTopic, TopicARNPrefix.
 func (p *Publisher) topicARN(ctx context.Context, topic string) (string, error) {
+	if topic == "" {
+		return "", fmt.Errorf("%w: empty topic name", ErrUnknownTopic)
+	}
 	if strings.HasPrefix(topic, "arn:") {
 		return topic, nil
 	}

@@ -504,6 +504,9 @@ func TestMessagePublisher(t *testing.T) {
 	if len(want) != 0 {
 		t.Errorf("never arrived: %v", want)
 	}
+	if err := mp.Publish("", message.NewMessage(uuid.NewString(), []byte("{}"))); !errors.Is(err, snsbroker.ErrUnknownTopic) {
+		t.Errorf("Publish to an empty topic = %v, want ErrUnknownTopic", err)
+	}
 	if err := mp.Close(); err != nil {
 		t.Fatal(err)
 	}
