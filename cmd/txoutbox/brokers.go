@@ -17,7 +17,8 @@ import (
 const brokerHelp = `Broker URLs (--broker):
   log://                     print each event as a JSON line on stdout (try it out)
   memory://                  accept and discard every event (dry run)
-      both take ?delay=200ms (slow broker) and ?fail_types=a,b (fail those types)
+      both take ?delay=200ms (slow broker), ?fail_types=a,b (fail those types)
+      and ?fail_once_types=a,b (fail the first attempt of those types)
   amqp://user:pass@host:5672/vhost   RabbitMQ with publisher confirms (amqps:// for TLS)
       ?exchange=NAME             one exchange for all events, topic = routing key
       ?exchange_type=topic|direct

@@ -14,7 +14,7 @@ func (a *app) migrateCommand() *cobra.Command {
 	var (
 		inboxTable, migrationsTable, dialectName string
 		skipInbox, skipOutbox, print             bool
-		partitioned                              bool
+		partitioned, orderedMode                 bool
 		ahead                                    int
 	)
 	cmd := &cobra.Command{
@@ -33,11 +33,19 @@ created_at, and retention drops whole partitions instead of deleting rows:
 no DELETE, no VACUUM debt. Pass --partitioned to cleanup (and relay
 --cleanup-interval) for such a table too; they also create the partitions
 ahead. Decide before the table exists: an existing plain table is not
-converted.`,
+converted.
+
+With --ordered it also creates what ordered mode needs (relay --ordering on):
+two partial indexes for the ordered claim and, on PostgreSQL, the partition
+lease tables. Producers pay one more index entry per event for them, so they
+are left out unless asked for.`,
 		Example: `  txoutbox migrate --dsn 'postgres://app:secret@localhost:5432/app?sslmode=disable'
 
   # A producer-only database, with a custom table name:
   txoutbox migrate --table billing.outbox --skip-inbox
+
+  # Per-aggregate order with several relays:
+  txoutbox migrate --ordered
 
   # A high-volume outbox: one partition per day, retention by DROP.
   txoutbox migrate --partitioned
@@ -74,6 +82,13 @@ converted.`,
 					}
 					ms = append(ms, more...)
 				}
+				if orderedMode {
+					oms, err := dialect.OrderedMigrations(d, orderedOpts(a, migrationsTable))
+					if err != nil {
+						return err
+					}
+					ms = append(ms, oms...)
+				}
 				for _, m := range ms {
 					fmt.Fprintf(a.stdout, "-- %s %s v%d: %s\n%s\n\n", m.Component, m.Table, m.Version, m.Name, m.SQL)
 				}
@@ -100,6 +115,11 @@ converted.`,
 					return fmt.Errorf("migrate %s: %w", db.redacted, err)
 				}
 			}
+			if orderedMode {
+				if err := dialect.MigrateOrdered(cmd.Context(), db.db, db.dialect, orderedOpts(a, migrationsTable)); err != nil {
+					return fmt.Errorf("migrate ordered mode on %s: %w", db.redacted, err)
+				}
+			}
 			a.log.Info("txoutbox: migrations applied", "database", db.redacted, "dialect", db.dialect.Name(),
 				"table", a.table, "inbox", !skipInbox, "took", time.Since(start).Round(time.Millisecond))
 			fmt.Fprintf(a.stdout, "migrated %s (%s): outbox table %s%s\n", db.redacted, db.dialect.Name(), a.table,
@@ -113,6 +133,7 @@ converted.`,
 	f.BoolVar(&skipInbox, "skip-inbox", false, "leave the inbox table out (producer-only database)")
 	f.BoolVar(&skipOutbox, "skip-outbox", false, "leave the outbox table out (consumer-only database)")
 	f.BoolVar(&print, "print", false, "print the SQL instead of applying it (needs no database)")
+	f.BoolVar(&orderedMode, "ordered", false, "also create the indexes and lease tables of ordered mode (relay --ordering on)")
 	f.BoolVar(&partitioned, "partitioned", false, "PostgreSQL: partition the outbox table by day (retention drops partitions)")
 	f.IntVar(&ahead, "partitions-ahead", dialect.DefaultPartitionsAhead, "with --partitioned: daily partitions kept created ahead, today included")
 	f.StringVar(&dialectName, "dialect", "", "with --print: postgres or sqlite (default: from --dsn, else postgres)")
@@ -135,6 +156,11 @@ func (a *app) printDialect(name string) (dialect.Dialect, error) {
 	}
 	slog.Debug("txoutbox: no --dialect or --dsn; printing PostgreSQL")
 	return dialect.Postgres, nil
+}
+
+// orderedOpts are the options of the ordered-mode migrations.
+func orderedOpts(a *app, migrationsTable string) dialect.MigrateOptions {
+	return dialect.MigrateOptions{Table: a.table, MigrationsTable: migrationsTable, Logger: a.log}
 }
 
 // partitionOptions are the options of a partitioned outbox table.

@@ -17,9 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/metrics"
+	"github.com/txoutbox/txoutbox/ordered"
 )
 
 type relayFlags struct {
@@ -58,6 +60,14 @@ Run it as its own process (a Deployment, a systemd unit). On PostgreSQL any
 number of relays may run against one table: a claim locks its rows with
 SELECT ... FOR UPDATE SKIP LOCKED, so no two relays publish the same event.
 On SQLite run one.
+
+Order: with --ordering on (after 'txoutbox migrate --ordered') the events of
+one aggregate are published in the order they were written, even across
+retries and several relays: aggregates are hashed into --ordered-partitions
+partitions that the relays lease among themselves, and an event waits while an
+earlier one of its aggregate is in backoff (or dead, with
+--dead-letter-policy block). --ordering auto turns it on for brokers that keep
+per-key order. --ordering off has the highest throughput.
 
 A failed event is retried with exponential backoff (--initial-backoff doubling
 up to --max-backoff, with jitter) and dead-lettered after --max-attempts.
@@ -98,7 +108,7 @@ The HTTP server on --http-addr serves:
 	fl.DurationVar(&f.statsInterval, "stats-interval", 15*time.Second, "how often the pending/dead gauges are refreshed")
 	fl.DurationVar(&f.cleanupInterval, "cleanup-interval", 0, "run retention cleanup this often (0: never; see 'txoutbox cleanup')")
 	fl.DurationVar(&f.retention, "retention", 30*24*time.Hour, "with --cleanup-interval: keep published events this long")
-	fl.StringVar(&f.ordering, "ordering", "auto", "per-aggregate order: auto (on when the broker keeps key order and the store can claim in order), on, off")
+	fl.StringVar(&f.ordering, "ordering", "auto", "per-aggregate order: on (needs migrate --ordered), off, or auto (on when the broker keeps per-key order)")
 	fl.StringVar(&f.deadLetter, "dead-letter-policy", "block", "ordered mode: block (hold an aggregate's later events behind a dead one) or skip")
 	fl.IntVar(&f.partitions, "ordered-partitions", core.DefaultPartitionCount, "ordered mode: partitions aggregates are hashed into (the same for every relay of an outbox)")
 	fl.BoolVar(&f.partitioned, "partitioned", false, "with --cleanup-interval: the table is partitioned by day (migrate --partitioned)")
@@ -140,7 +150,11 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if err != nil {
 		return err
 	}
-	relay, err := core.NewRelay(met.Store(ob), met.Publisher(pub), core.RelayOptions{
+	store, ordering, leaser, err := a.relayStore(db, ob, pub, ordering, f.partitions)
+	if err != nil {
+		return err
+	}
+	relay, err := core.NewRelay(met.Store(store), met.Publisher(pub), core.RelayOptions{
 		BatchSize:       f.batchSize,
 		PollInterval:    f.pollInterval,
 		Concurrency:     f.concurrency,
@@ -148,7 +162,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		Retry:           core.RetryPolicy{MaxAttempts: f.maxAttempts, InitialBackoff: f.initialBackoff, MaxBackoff: f.maxBackoff},
 		Logger:          a.log,
 		Ordering:        ordering,
-		Ordered:         core.OrderedOptions{PartitionCount: f.partitions, DeadLetter: deadLetter},
+		Ordered:         core.OrderedOptions{Leaser: leaser, DeadLetter: deadLetter, PartitionCount: partitionCount(leaser, f.partitions)},
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
@@ -221,6 +235,9 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		return nil
 	}
 	if err := relay.Run(ctx); err != nil {
+		if relay.Ordered() {
+			return fmt.Errorf("%w (ordered mode needs 'txoutbox migrate --ordered')", err)
+		}
 		return err
 	}
 	stopping.Store(true)
@@ -228,6 +245,45 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	a.log.Info("txoutbox: relay stopped", "batches", c.Batches, "published", c.Published, "failed", c.Failed,
 		"dead_lettered", c.DeadLettered, "released", c.Released, "uptime", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// relayStore chooses the store the relay claims from. Ordered mode (asked
+// for, or auto with a broker that keeps per-key order) claims through
+// package ordered, with a partition leaser on PostgreSQL so that several
+// relays share the partitions; otherwise the sqlx Outbox claims. Either way
+// producers write with any adapter: only claiming differs.
+func (a *app) relayStore(db *database, ob *sqlxoutbox.Outbox, pub core.Publisher, mode core.OrderingMode, partitions int) (core.Store, core.OrderingMode, core.PartitionLeaser, error) {
+	if mode == core.OrderingOff {
+		return ob, mode, nil, nil
+	}
+	if mode == core.OrderingAuto {
+		op, ok := pub.(core.OrderingPublisher)
+		if !ok || !op.PreservesAggregateOrder() {
+			return ob, core.OrderingOff, nil, nil
+		}
+	}
+	st, err := ordered.NewStore(db.db, db.dialect, ordered.StoreOptions{Table: a.table, Logger: a.log})
+	if err != nil {
+		return nil, mode, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	if db.dialect.MaxConcurrency() == 1 {
+		// SQLite: one relay, no partitions to share.
+		return st, core.OrderingOn, nil, nil
+	}
+	l, err := ordered.NewLeaser(db.db, db.dialect, ordered.LeaserOptions{Table: a.table, PartitionCount: partitions, Logger: a.log})
+	if err != nil {
+		return nil, mode, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	return st, core.OrderingOn, l, nil
+}
+
+// partitionCount is OrderedOptions.PartitionCount: the leaser's count when
+// there is one (core requires them to agree), else the flag.
+func partitionCount(l core.PartitionLeaser, flag int) int {
+	if l != nil {
+		return 0
+	}
+	return flag
 }
 
 // healthReport is the body of /healthz.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -263,5 +264,67 @@ func TestSeveralRelays(t *testing.T) {
 	}
 	if len(seen) != total || f.count(t, "attempt_count <> 1") != 0 {
 		t.Fatalf("%d distinct published; %d events with attempt_count != 1", len(seen), f.count(t, "attempt_count <> 1"))
+	}
+}
+
+// TestOrderedRelays runs two relays in ordered mode while every other event
+// fails its first attempt: each aggregate's events must still reach the
+// broker in the order they were written, whichever relay sends them.
+func TestOrderedRelays(t *testing.T) {
+	f := newFixture(t)
+	ok(t, f.dsn, "migrate", "--ordered")
+	const aggs, perAgg = 6, 10
+	var all []core.Event
+	for i := range perAgg {
+		for a := range aggs {
+			typ := "order.ok"
+			if i%2 == 0 {
+				typ = "order.flaky"
+			}
+			all = append(all, f.enqueue(t, typ, strconv.Itoa(a), 1)...)
+		}
+	}
+	args := []string{"--broker", "log://?fail_once_types=order.flaky", "--ordering", "on", "--ordered-partitions", "4",
+		"--initial-backoff", "30ms", "--max-backoff", "60ms", "--poll-interval", "20ms", "--batch-size", "8"}
+	cmd1, out1, err1, _ := startRelay(t, f.dsn, args...)
+	cmd2, out2, err2, _ := startRelay(t, f.dsn, args...)
+	waitFor(t, 90*time.Second, "every event published", func() bool {
+		return f.count(t, "published_at IS NULL") == 0
+	})
+	for i, cmd := range []*exec.Cmd{cmd1, cmd2} {
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code := exitCode(t, cmd, 30*time.Second); code != 0 {
+			t.Fatalf("relay %d exited %d:\n%s", i+1, code, []*lockedBuffer{err1, err2}[i].String())
+		}
+	}
+	if !strings.Contains(err1.String(), `"ordered":true`) {
+		t.Fatalf("relay did not start in ordered mode:\n%s", err1.String())
+	}
+	var lines []sinkLine
+	for _, out := range []string{out1.String(), out2.String()} {
+		sc := bufio.NewScanner(strings.NewReader(out))
+		for sc.Scan() {
+			var l sinkLine
+			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+				t.Fatal(err)
+			}
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != len(all) {
+		t.Fatalf("%d events sent, want %d", len(lines), len(all))
+	}
+	slices.SortStableFunc(lines, func(a, b sinkLine) int { return a.SentAt.Compare(b.SentAt) })
+	last := map[string]int64{}
+	for _, l := range lines {
+		if l.Seq <= last[l.AggregateID] {
+			t.Fatalf("aggregate %s: seq %d sent after %d", l.AggregateID, l.Seq, last[l.AggregateID])
+		}
+		last[l.AggregateID] = l.Seq
+	}
+	if n := f.count(t, "event_type = 'order.flaky' AND attempt_count <> 2"); n != 0 {
+		t.Fatalf("%d flaky events not published on their second attempt", n)
 	}
 }

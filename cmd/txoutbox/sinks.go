@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +17,7 @@ import (
 
 // ErrSinkFailure is the error of events a log:// or memory:// sink was told
 // to fail (?fail_types=...), for rehearsing retries and dead letters.
-var ErrSinkFailure = errors.New("sink: failure requested by fail_types")
+var ErrSinkFailure = errors.New("sink: failure requested by fail_types or fail_once_types")
 
 // sink is the log:// and memory:// publisher for trying the relay out
 // without a broker.
@@ -30,26 +29,28 @@ var ErrSinkFailure = errors.New("sink: failure requested by fail_types")
 //
 //	delay=200ms          wait this long per batch, like a slow broker
 //	fail_types=a,b       fail every event of these types
+//	fail_once_types=a,b  fail the first attempt of every event of these types
 type sink struct {
 	out       io.Writer // nil for memory://
 	mu        sync.Mutex
 	delay     time.Duration
 	failTypes map[string]bool
+	failOnce  map[string]bool
 	log       *slog.Logger
 	accepted  atomic.Int64
 }
 
 func newSink(u *url.URL, stdout io.Writer, log *slog.Logger) (*sink, error) {
-	s := &sink{failTypes: map[string]bool{}, log: log}
+	s := &sink{failTypes: map[string]bool{}, failOnce: map[string]bool{}, log: log}
 	if u.Scheme == "log" {
 		s.out = stdout
 	}
 	q := u.Query()
 	for k := range q {
 		switch k {
-		case "delay", "fail_types":
+		case "delay", "fail_types", "fail_once_types":
 		default:
-			return nil, usagef("%s:// sink: unknown parameter %q (want delay, fail_types)", u.Scheme, k)
+			return nil, usagef("%s:// sink: unknown parameter %q (want delay, fail_types, fail_once_types)", u.Scheme, k)
 		}
 	}
 	if v := q.Get("delay"); v != "" {
@@ -59,10 +60,11 @@ func newSink(u *url.URL, stdout io.Writer, log *slog.Logger) (*sink, error) {
 		}
 		s.delay = d
 	}
-	for _, t := range strings.Split(q.Get("fail_types"), ",") {
-		if t = strings.TrimSpace(t); t != "" {
-			s.failTypes[t] = true
-		}
+	for _, t := range splitList(q.Get("fail_types")) {
+		s.failTypes[t] = true
+	}
+	for _, t := range splitList(q.Get("fail_once_types")) {
+		s.failOnce[t] = true
 	}
 	return s, nil
 }
@@ -75,6 +77,7 @@ type sinkLine struct {
 	AggregateType string            `json:"aggregate_type,omitempty"`
 	AggregateID   string            `json:"aggregate_id,omitempty"`
 	Attempt       int               `json:"attempt"`
+	SentAt        time.Time         `json:"sent_at"`
 	Headers       map[string]string `json:"headers"`
 	Payload       json.RawMessage   `json:"payload"`
 }
@@ -93,14 +96,14 @@ func (s *sink) Publish(ctx context.Context, events []core.Event) error {
 	defer s.mu.Unlock()
 	for i := range events {
 		ev := &events[i]
-		if s.failTypes[ev.EventType] {
-			be.Errs[i] = fmt.Errorf("%w: %s event %s", ErrSinkFailure, ev.EventType, ev.ID)
+		if s.failTypes[ev.EventType] || (s.failOnce[ev.EventType] && ev.AttemptCount == 0) {
+			be.Errs[i] = fmt.Errorf("%w: %s event %s, attempt %d", ErrSinkFailure, ev.EventType, ev.ID, ev.AttemptCount+1)
 			continue
 		}
 		if s.out != nil {
 			b, err := json.Marshal(sinkLine{
 				EventID: ev.ID, Seq: ev.Seq, EventType: ev.EventType, AggregateType: ev.AggregateType,
-				AggregateID: ev.AggregateID, Attempt: ev.AttemptCount + 1, Headers: ev.MessageHeaders(), Payload: ev.Payload,
+				AggregateID: ev.AggregateID, Attempt: ev.AttemptCount + 1, SentAt: time.Now().UTC(), Headers: ev.MessageHeaders(), Payload: ev.Payload,
 			})
 			if err != nil {
 				be.Errs[i] = fmt.Errorf("sink: encode event %s: %w", ev.ID, err)
