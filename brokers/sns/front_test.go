@@ -23,6 +23,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -75,6 +76,15 @@ type front struct {
 	failWith func(e sentEntry) (code string, senderFault bool, fail bool)
 	drop     func(e sentEntry) bool // answer neither Successful nor Failed
 	failCall func(entries []sentEntry) (status int, code string, fail bool)
+	delay    time.Duration // before answering a PublishBatch
+
+	inFlight, maxInFlight int // PublishBatch calls being answered
+}
+
+func (f *front) MaxInFlight() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.maxInFlight
 }
 
 func newFront(t *testing.T, goawsEndpoint string) *front {
@@ -212,8 +222,22 @@ func (f *front) publishBatch(w http.ResponseWriter, ctx context.Context, form ur
 	}
 	f.mu.Lock()
 	f.batches = append(f.batches, entries)
-	failWith, drop, failCall := f.failWith, f.drop, f.failCall
+	failWith, drop, failCall, delay := f.failWith, f.drop, f.failCall, f.delay
+	f.inFlight++
+	f.maxInFlight = max(f.maxInFlight, f.inFlight)
 	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.inFlight--
+		f.mu.Unlock()
+	}()
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return
+		}
+	}
 
 	// Whole-call errors, as SNS checks them.
 	switch {

@@ -104,6 +104,10 @@ type Options struct {
 	// OverflowAttribute names the attribute that carries the headers that
 	// do not fit. Default DefaultOverflowAttribute.
 	OverflowAttribute string
+	// Concurrency is the most calls to SNS one Publish keeps in flight for
+	// a standard topic. Default 1: calls go one after the other, so events
+	// also leave in order. Calls to a FIFO topic are always sequential.
+	Concurrency int
 	// Logger receives the publisher's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -130,6 +134,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if !validAttributeName(o.OverflowAttribute) {
 		return o, fmt.Errorf("%w: snsbroker: OverflowAttribute %q is not a valid attribute name", core.ErrInvalidOptions, o.OverflowAttribute)
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 1
+	}
+	if o.Concurrency < 0 {
+		return o, fmt.Errorf("%w: snsbroker: negative Concurrency %d", core.ErrInvalidOptions, o.Concurrency)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -282,6 +292,17 @@ func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry
 		}
 		ready = append(ready, prepared{entry: e, attrs: attrs, size: size})
 	}
+	call := func(chunk []prepared) {
+		if p.opts.MaxBatchSize == 1 {
+			p.publishOne(ctx, arn, fifo, chunk[0], errs)
+		} else {
+			p.publishBatch(ctx, arn, fifo, chunk, errs)
+		}
+	}
+	// Calls in flight write only their own entries' errs.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, p.opts.Concurrency)
 	failedGroups := map[string]bool{}
 	for len(ready) > 0 {
 		// Build the next chunk, skipping FIFO groups that failed earlier:
@@ -316,16 +337,30 @@ func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry
 			}
 			return
 		}
-		if p.opts.MaxBatchSize == 1 {
-			p.publishOne(ctx, arn, fifo, chunk[0], errs)
-		} else {
-			p.publishBatch(ctx, arn, fifo, chunk, errs)
-		}
-		for _, e := range chunk {
-			if errs[e.idx] != nil && fifo {
-				failedGroups[e.group] = true
+		if fifo || p.opts.Concurrency == 1 {
+			// A FIFO topic's next call depends on this one's outcome.
+			call(chunk)
+			for _, e := range chunk {
+				if errs[e.idx] != nil && fifo {
+					failedGroups[e.group] = true
+				}
 			}
+			continue
 		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			for _, e := range append(chunk, ready...) {
+				errs[e.idx] = ctx.Err()
+			}
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			call(chunk)
+		}()
 	}
 }
 

@@ -545,6 +545,7 @@ func TestOptionsValidation(t *testing.T) {
 		"MaxAttributes<5":  {MaxAttributes: 4},
 		"MaxAttributes>10": {MaxAttributes: 11},
 		"OverflowName":     {OverflowAttribute: "AWS.x"},
+		"Concurrency<0":    {Concurrency: -1},
 	} {
 		if _, err := snsbroker.New(client, o); !errors.Is(err, core.ErrInvalidOptions) {
 			t.Errorf("%s: New = %v, want ErrInvalidOptions", name, err)
@@ -555,5 +556,39 @@ func TestOptionsValidation(t *testing.T) {
 	}
 	if _, err := snsbroker.New(client, snsbroker.Options{}); err != nil {
 		t.Errorf("New with zero Options: %v", err)
+	}
+}
+
+// TestConcurrency: with Concurrency, the calls for a standard topic overlap;
+// those for a FIFO topic never do.
+func TestConcurrency(t *testing.T) {
+	for _, fifo := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fifo=%t", fifo), func(t *testing.T) {
+			t.Parallel()
+			g := newGoaws(t)
+			f := newFront(t, g.endpoint)
+			f.set(func(f *front) { f.delay = 200 * time.Millisecond })
+			ctx := ctxTimeout(t)
+			topic := "conc-" + testenv.RandomSuffix()
+			if fifo {
+				topic += ".fifo"
+			}
+			topicARN, queueURL := g.subscribeQueue(t, ctx, topic, true)
+			pub := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Concurrency: 4,
+				Topic: func(*core.Event) string { return topic }})
+			evs := events(t, "order.created", 40, 4)
+			if err := pub.Publish(ctx, evs); err != nil {
+				t.Fatal(err)
+			}
+			if n, want := f.MaxInFlight(), map[bool]int{false: 4, true: 1}[fifo]; n != want {
+				t.Errorf("%d PublishBatch calls in flight at most, want %d", n, want)
+			}
+			got := byEventID(g.drain(t, ctx, queueURL, true, topicARN, len(evs), 300*time.Millisecond))
+			for _, ev := range evs {
+				if got[ev.ID] != 1 {
+					t.Errorf("event %s delivered %d times", ev.ID, got[ev.ID])
+				}
+			}
+		})
 	}
 }
