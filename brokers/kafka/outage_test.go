@@ -41,7 +41,9 @@ func TestOutagePublisherRecovers(t *testing.T) {
 
 	cl.stop()
 	for i := range 2 {
+		t0 := time.Now()
 		err := p.Publish(t.Context(), during)
+		t.Logf("attempt %d while down failed after %v", i, time.Since(t0).Round(time.Millisecond))
 		var be *core.BatchError
 		if !errors.As(err, &be) || be.Failed() != len(during) {
 			t.Fatalf("attempt %d while down: Publish = %v, want all %d events failed", i, err, len(during))
@@ -52,6 +54,9 @@ func TestOutagePublisherRecovers(t *testing.T) {
 	}
 	cl.start(t)
 
+	// sarama opens a partition's circuit breaker for 10s after 3 failed
+	// leader lookups, so publishing resumes up to ~10s after the restart.
+	restarted := time.Now()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		err := p.Publish(t.Context(), during)
@@ -63,6 +68,7 @@ func TestOutagePublisherRecovers(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	t.Logf("publishing again %v after the restart", time.Since(restarted).Round(time.Millisecond))
 	after := batch("after", 10)
 	if err := p.Publish(t.Context(), after); err != nil {
 		t.Fatalf("Publish after recovery: %v", err)
