@@ -165,11 +165,17 @@ func (q *Queries) PartitionLockKey() int32 {
 // claim then serves. The locks last until the transaction ends, so no other
 // claim serves those partitions while the batch is published, whoever holds
 // their leases. On SQLite it returns "": the lease on the rows does that.
+//
+// It also turns JIT compilation off for the rest of the transaction: the
+// planner cannot estimate how soon the claim's LIMIT is reached, costs it
+// above jit_above_cost, and compiling would take ten times longer than the
+// claim itself (30 ms against 2 ms on a 100k backlog).
 func (q *Queries) LockPartitions(partitions []int) (string, []any) {
 	if q.d.kind != kindPostgres {
 		return "", nil
 	}
 	return q.d.rebind("SELECT p FROM unnest(CAST(CAST(? AS text) AS int[])) AS p" +
+		" CROSS JOIN (SELECT set_config('jit', 'off', true)) AS no_jit" +
 		" WHERE pg_try_advisory_xact_lock(?, p) ORDER BY p"), []any{intArray(partitions), q.PartitionLockKey()}
 }
 

@@ -1,0 +1,544 @@
+package ordered_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+// Tuning of the chaos test. TXOUTBOX_SOAK=1 multiplies the load by ten.
+const (
+	chaosRelays     = 3
+	chaosPartitions = 32
+	chaosLeaseTTL   = 2 * time.Second
+	chaosBatch      = 200
+	chaosFailRate   = 0.10 // refused before sending
+	chaosLieRate    = 0.01 // sent, then reported failed: a duplicate
+)
+
+// TestOutageChaosOrdered runs three ordered relays as OS processes against
+// one PostgreSQL outbox and a real RabbitMQ, with a publisher refusing 10 %
+// of events, while relays are SIGKILLed and restarted at random and the
+// broker is restarted once. Every event must arrive, every aggregate's
+// first deliveries must be in enqueue order, and a dead relay's partitions
+// must be taken over within the lease TTL plus one renew interval (plus
+// scheduling slack). It restarts the shared RabbitMQ, hence "Outage" in its
+// name: make test runs it in the serial step.
+func TestOutageChaosOrdered(t *testing.T) {
+	numEvents, numAggs := 100_000, 1_000
+	budget := 5 * time.Minute
+	if os.Getenv("TXOUTBOX_SOAK") != "" {
+		numEvents, numAggs, budget = 1_000_000, 10_000, 40*time.Minute
+	}
+	amqpURL := testenv.AMQPURL(t)
+	testenv.Env(t, "TXOUTBOX_RABBITMQCTL")
+	dsn := testenv.PostgresDSN(t)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	mopts := dialect.MigrateOptions{SkipInbox: true, Logger: slog.New(slog.DiscardHandler)}
+	if err := dialect.Migrate(ctx, db, dialect.Postgres, mopts); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialect.MigrateOrdered(ctx, db, dialect.Postgres, mopts); err != nil {
+		t.Fatal(err)
+	}
+	bin := buildChaosRelay(t)
+
+	// The events, in enqueue order: event i is the (i / numAggs)-th of
+	// aggregate i % numAggs.
+	topic := "chaos.ordered." + testenv.RandomSuffix()
+	consumer := "chaos-" + testenv.RandomSuffix()
+	evs := make([]core.Event, numEvents)
+	index := make(map[string]int32, numEvents)
+	for i := range evs {
+		agg := fmt.Sprintf("agg-%05d", i%numAggs)
+		ev, err := core.NewEvent("chaos", agg, topic, map[string]int{"n": i / numAggs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ev.Prepare(); err != nil {
+			t.Fatal(err)
+		}
+		evs[i] = ev
+		index[ev.ID] = int32(i)
+	}
+	keep := numEvents <= 100_000 // keep deliveries for outboxtest.CheckAggregateOrder
+	cons := startChaosConsumer(t, amqpURL, consumer, topic, index, numAggs, keep)
+
+	// The relays.
+	logDir := t.TempDir()
+	var takeovers atomic.Int64
+	relays := make([]*chaosRelay, chaosRelays)
+	start := func(slot int) {
+		prev := relays[slot]
+		gen := 1
+		if prev != nil {
+			gen = prev.gen + 1
+		}
+		r := &chaosRelay{slot: slot, gen: gen, owner: fmt.Sprintf("relay%d-gen%d", slot, gen), done: make(chan struct{})}
+		r.start(t, bin, logDir, map[string]string{
+			"CHAOS_PG_DSN":               dsn,
+			"CHAOS_AMQP_URL":             amqpURL,
+			"CHAOS_CONSUMER":             consumer,
+			"CHAOS_OWNER":                r.owner,
+			"CHAOS_PARTITIONS":           fmt.Sprint(chaosPartitions),
+			"CHAOS_LEASE_TTL_MS":         fmt.Sprint(chaosLeaseTTL.Milliseconds()),
+			"CHAOS_BATCH":                fmt.Sprint(chaosBatch),
+			"CHAOS_FAIL_RATE":            fmt.Sprint(chaosFailRate),
+			"CHAOS_FAIL_AFTER_SEND_RATE": fmt.Sprint(chaosLieRate),
+		}, &takeovers)
+		relays[slot] = r
+	}
+	for i := range relays {
+		start(i)
+	}
+	defer func() {
+		for _, r := range relays {
+			r.stop(syscall.SIGKILL)
+		}
+		if t.Failed() {
+			dumpLogs(t, logDir)
+		}
+	}()
+
+	// The producer writes in batches while the chaos goes on, one writer,
+	// so that Seq order is enqueue order.
+	var produced atomic.Int64
+	prodErr := make(chan error, 1)
+	go func() {
+		q, err := dialect.Postgres.Queries("")
+		if err != nil {
+			prodErr <- err
+			return
+		}
+		const batch = 1000
+		const pace = 100 * time.Millisecond // ~10k events/s: the relays lag, the chaos meets a backlog
+		for i := 0; i < numEvents; i += batch {
+			query, args, err := q.Insert(evs[i:min(i+batch, numEvents)])
+			if err == nil {
+				_, err = db.ExecContext(ctx, query, args...)
+			}
+			if err != nil {
+				prodErr <- fmt.Errorf("enqueue events %d..: %w", i, err)
+				return
+			}
+			produced.Store(int64(min(i+batch, numEvents)))
+			time.Sleep(pace)
+		}
+		prodErr <- nil
+	}()
+
+	// Chaos, until 95 % arrived: SIGKILL a random relay every 1.5-3.5 s
+	// (keeping at least one alive), restart it 0.3-2.5 s later; restart
+	// the broker once, when 30 % were written.
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	began := time.Now()
+	deadline := began.Add(budget)
+	nextKill := began.Add(jitter(rng, 3*time.Second, 6*time.Second))
+	restartAt := map[int]time.Time{}
+	brokerRestarted := false
+	brokerDown := false
+	defer func() {
+		if brokerDown {
+			testenv.RabbitMQCtl(t, "start_app")
+		}
+	}()
+	var kills int
+	nextReport := began.Add(10 * time.Second)
+	var failovers []time.Duration
+	var fmu sync.Mutex
+	var fwg sync.WaitGroup
+	for cons.firstCount() < int64(numEvents) {
+		now := time.Now()
+		if now.After(deadline) {
+			t.Fatalf("after %v only %d of %d events arrived (produced %d)", budget, cons.firstCount(), numEvents, produced.Load())
+		}
+		select {
+		case err := <-prodErr:
+			if err != nil {
+				t.Fatal(err)
+			}
+		default:
+		}
+		if !brokerRestarted && produced.Load() >= int64(numEvents*3/10) {
+			t.Logf("%v: restarting RabbitMQ (%d arrived)", time.Since(began).Round(time.Millisecond), cons.firstCount())
+			brokerDown = true
+			testenv.RabbitMQCtl(t, "stop_app")
+			time.Sleep(3 * time.Second)
+			testenv.RabbitMQCtl(t, "start_app")
+			testenv.RabbitMQCtl(t, "await_startup")
+			brokerDown, brokerRestarted = false, true
+		}
+		chaos := cons.firstCount() < int64(numEvents)*95/100
+		if chaos && now.After(nextKill) {
+			nextKill = now.Add(jitter(rng, 3*time.Second, 6*time.Second))
+			var alive []int
+			for i, r := range relays {
+				if _, down := restartAt[i]; !down && r.running() {
+					alive = append(alive, i)
+				}
+			}
+			if len(alive) >= 2 {
+				victim := relays[alive[rng.IntN(len(alive))]]
+				held := heldBy(t, db, victim.owner)
+				victim.stop(syscall.SIGKILL)
+				killedAt := time.Now()
+				kills++
+				restartAt[victim.slot] = killedAt.Add(jitter(rng, 500*time.Millisecond, 3*time.Second))
+				if len(held) > 0 {
+					fwg.Add(1)
+					go func() {
+						defer fwg.Done()
+						d := waitTakeover(db, victim.owner, held, killedAt, 30*time.Second)
+						fmu.Lock()
+						failovers = append(failovers, d)
+						fmu.Unlock()
+					}()
+				}
+			}
+		}
+		for slot, at := range restartAt {
+			if now.After(at) {
+				start(slot)
+				delete(restartAt, slot)
+			}
+		}
+		if now.After(nextReport) {
+			nextReport = now.Add(10 * time.Second)
+			t.Logf("%v: %d written, %d arrived, %d kills", time.Since(began).Round(time.Second), produced.Load(), cons.firstCount(), kills)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for slot := range restartAt {
+		start(slot)
+	}
+	if !brokerRestarted {
+		t.Fatal("the broker was never restarted: the test proves less than it claims")
+	}
+	// Every event arrived; the outbox must also record every one published
+	// (the marks of a killed relay's last batch come from its successor).
+	waitFor(t, 2*time.Minute, "every event marked published", func() bool {
+		var pending int
+		if err := db.QueryRow("SELECT count(*) FROM outbox_events WHERE published_at IS NULL").Scan(&pending); err != nil {
+			t.Fatal(err)
+		}
+		return pending == 0
+	})
+	elapsed := time.Since(began)
+	var dead int
+	if err := db.QueryRow("SELECT count(*) FROM outbox_events WHERE dead_at IS NOT NULL").Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	var attempts int64
+	if err := db.QueryRow("SELECT sum(attempt_count) FROM outbox_events").Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range relays {
+		r.stop(syscall.SIGTERM)
+	}
+	time.Sleep(500 * time.Millisecond) // late redeliveries still count
+	fwg.Wait()
+	cons.close()
+
+	st := cons.stats()
+	lost := int64(numEvents) - st.first
+	var maxFailover time.Duration
+	for _, d := range failovers {
+		maxFailover = max(maxFailover, d)
+	}
+	t.Logf("chaos: %d events over %d aggregates in %v; delivered %d, duplicates %d, reorderings %d, lost %d, unknown %d",
+		numEvents, numAggs, elapsed.Round(time.Millisecond), st.delivered, st.dups, st.reorders, lost, st.unknown)
+	t.Logf("chaos: %d relay kills (SIGKILL), %d failovers measured (max %v, bound %v), %d partitions taken over from dead relays; broker restarted once; %d publish attempts for %d events; %d dead",
+		kills, len(failovers), maxFailover.Round(time.Millisecond), chaosFailoverBound, takeovers.Load(), attempts, numEvents, dead)
+	if st.reorders != 0 {
+		t.Errorf("%d reorderings; first: %s", st.reorders, st.firstReorder)
+	}
+	if lost != 0 || dead != 0 {
+		t.Errorf("lost %d events, %d dead", lost, dead)
+	}
+	if st.unknown != 0 {
+		t.Errorf("%d messages with an unknown event_id", st.unknown)
+	}
+	if kills == 0 || len(failovers) == 0 || takeovers.Load() == 0 {
+		t.Errorf("%d kills, %d failovers measured, %d takeovers: the chaos did not happen", kills, len(failovers), takeovers.Load())
+	}
+	if maxFailover > chaosFailoverBound {
+		t.Errorf("a failover took %v, above the bound %v", maxFailover, chaosFailoverBound)
+	}
+	if attempts <= int64(numEvents) {
+		t.Errorf("%d attempts for %d events: no failure was injected", attempts, numEvents)
+	}
+	if keep {
+		if err := outboxtest.CheckAggregateOrder(evs, cons.received()); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// chaosFailoverBound is the longest a dead relay's partitions may wait: the
+// lease TTL, one renew interval, and slack for a loaded 2-core CI machine.
+const chaosFailoverBound = chaosLeaseTTL + chaosLeaseTTL/3 + 3*time.Second
+
+func jitter(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)))
+}
+
+// buildChaosRelay builds the relay program once per test run.
+func buildChaosRelay(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "chaosrelay")
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goTool); err != nil {
+		goTool = "go"
+	}
+	cmd := exec.Command(goTool, "build", "-o", bin, "./internal/chaosrelay")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the relay program: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type chaosRelay struct {
+	slot, gen int
+	owner     string
+	cmd       *exec.Cmd
+	done      chan struct{}
+}
+
+func (r *chaosRelay) start(t *testing.T, bin, logDir string, env map[string]string, takeovers *atomic.Int64) {
+	t.Helper()
+	r.cmd = exec.Command(bin)
+	r.cmd.Env = os.Environ()
+	for k, v := range env {
+		r.cmd.Env = append(r.cmd.Env, k+"="+v)
+	}
+	logf, err := os.Create(filepath.Join(logDir, r.owner+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cmd.Stderr = logf
+	out, err := r.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cmd.Start(); err != nil {
+		t.Fatalf("start relay %s: %v", r.owner, err)
+	}
+	go func() {
+		// "lease acquired <partition> <from>": a takeover when from is
+		// another relay (all owners are distinct per process start).
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) == 4 && f[0] == "lease" && f[1] == "acquired" && f[3] != "-" && f[3] != r.owner {
+				takeovers.Add(1)
+			}
+		}
+		_ = r.cmd.Wait()
+		logf.Close()
+		close(r.done)
+	}()
+}
+
+func (r *chaosRelay) running() bool {
+	select {
+	case <-r.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (r *chaosRelay) stop(sig syscall.Signal) {
+	if r == nil || !r.running() {
+		return
+	}
+	_ = r.cmd.Process.Signal(sig)
+	select {
+	case <-r.done:
+	case <-time.After(15 * time.Second):
+		_ = r.cmd.Process.Kill()
+		<-r.done
+	}
+}
+
+func dumpLogs(t *testing.T, dir string) {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		t.Logf("--- %s (last lines)\n%s", filepath.Base(f), strings.Join(lines[max(0, len(lines)-15):], "\n"))
+	}
+}
+
+// heldBy returns the partitions owner holds live leases on.
+func heldBy(t *testing.T, db *sql.DB, owner string) []int {
+	t.Helper()
+	rows, err := db.Query("SELECT partition FROM txoutbox_leases WHERE relay_group = 'outbox_events' AND owner = $1 AND expires_at > now()", owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var ps []int
+	for rows.Next() {
+		var p int
+		if err := rows.Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// waitTakeover waits until every partition of held is leased, live, to a
+// relay other than owner, and returns how long after since that took (limit
+// if it did not happen by then).
+func waitTakeover(db *sql.DB, owner string, held []int, since time.Time, limit time.Duration) time.Duration {
+	arr := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(held)), ","), "[]")
+	for time.Since(since) < limit {
+		var waiting int
+		err := db.QueryRow("SELECT count(*) FROM txoutbox_leases WHERE relay_group = 'outbox_events'"+
+			" AND partition = ANY(CAST($1 AS int[])) AND (owner IS NULL OR owner = $2 OR expires_at <= now())",
+			"{"+arr+"}", owner).Scan(&waiting)
+		if err == nil && waiting == 0 {
+			return time.Since(since)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return limit
+}
+
+// chaosConsumer reads the test's queue and checks order as messages come:
+// a reordering is a first delivery of an aggregate's event before the first
+// delivery of every earlier one.
+type chaosConsumer struct {
+	sub    *wamqp.Subscriber
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu           sync.Mutex
+	index        map[string]int32
+	numAggs      int
+	seen         []bool
+	expect       []int32 // per aggregate: position of the next first delivery
+	first        atomic.Int64
+	delivered    int64
+	dups         int64
+	reorders     int64
+	unknown      int64
+	firstReorder string
+	keep         bool
+	got          []outboxtest.Received
+}
+
+func startChaosConsumer(t *testing.T, url, consumer, topic string, index map[string]int32, numAggs int, keep bool) *chaosConsumer {
+	t.Helper()
+	cfg := wamqp.NewDurablePubSubConfig(url, func(topic string) string { return consumer + "." + topic })
+	cfg.Connection.Reconnect = &wamqp.ReconnectConfig{
+		BackoffInitialInterval: 100 * time.Millisecond, BackoffRandomizationFactor: 0.5,
+		BackoffMultiplier: 1.5, BackoffMaxInterval: 500 * time.Millisecond,
+	}
+	cfg.Consume.Qos.PrefetchCount = 500
+	sub, err := wamqp.NewSubscriber(cfg, watermill.NopLogger{})
+	if err != nil {
+		t.Fatalf("connect subscriber: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		cancel()
+		t.Fatalf("subscribe: %v", err)
+	}
+	c := &chaosConsumer{sub: sub, cancel: cancel, done: make(chan struct{}), index: index, numAggs: numAggs,
+		seen: make([]bool, len(index)), expect: make([]int32, numAggs), keep: keep}
+	go func() {
+		defer close(c.done)
+		for m := range msgs {
+			c.observe(m.Metadata.Get(core.HeaderEventID), m.Metadata.Get(core.HeaderAggregateID))
+			m.Ack()
+		}
+	}()
+	t.Cleanup(c.close)
+	return c
+}
+
+func (c *chaosConsumer) observe(id, agg string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.delivered++
+	i, ok := c.index[id]
+	if !ok {
+		c.unknown++
+		return
+	}
+	if c.keep {
+		c.got = append(c.got, outboxtest.Received{UUID: id, Metadata: map[string]string{core.HeaderEventID: id, core.HeaderAggregateID: agg}})
+	}
+	if c.seen[i] {
+		c.dups++
+		return
+	}
+	c.seen[i] = true
+	c.first.Add(1)
+	a, pos := int(i)%c.numAggs, i/int32(c.numAggs)
+	if pos != c.expect[a] {
+		c.reorders++
+		if c.firstReorder == "" {
+			c.firstReorder = fmt.Sprintf("aggregate %s: event #%d arrived when #%d was due", agg, pos, c.expect[a])
+		}
+	}
+	c.expect[a] = max(c.expect[a], pos+1)
+}
+
+func (c *chaosConsumer) firstCount() int64 { return c.first.Load() }
+
+type consumerStats struct {
+	delivered, first, dups, reorders, unknown int64
+	firstReorder                              string
+}
+
+func (c *chaosConsumer) stats() consumerStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return consumerStats{c.delivered, c.first.Load(), c.dups, c.reorders, c.unknown, c.firstReorder}
+}
+
+func (c *chaosConsumer) received() []outboxtest.Received {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.got
+}
+
+func (c *chaosConsumer) close() {
+	c.cancel()
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+	}
+	_ = c.sub.Close()
+}
