@@ -29,6 +29,17 @@ func BenchmarkPublish(b *testing.B) {
 	consumer := "bench"
 	queue := amqpbroker.QueueName(consumer, et)
 	ch := rawChannel(b)
+	// The queue the consumer "bench" would have, so that every variant,
+	// also run alone, routes to it.
+	if err := ch.ExchangeDeclare(et, amqpbroker.ExchangeFanout, true, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, et, et, false, nil); err != nil {
+		b.Fatal(err)
+	}
 	b.Cleanup(func() {
 		ch := rawChannel(b)
 		ch.QueueDelete(queue, false, false, false)
