@@ -154,6 +154,9 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if err != nil {
 		return err
 	}
+	if l, ok := leaser.(*ordered.Leaser); ok {
+		registerLeaserMetrics(reg, l)
+	}
 	relay, err := core.NewRelay(met.Store(store), met.Publisher(pub), core.RelayOptions{
 		BatchSize:       f.batchSize,
 		PollInterval:    f.pollInterval,
@@ -275,6 +278,26 @@ func (a *app) relayStore(db *database, ob *sqlxoutbox.Outbox, pub core.Publisher
 		return nil, mode, nil, fmt.Errorf("%w: %w", ErrUsage, err)
 	}
 	return st, core.OrderingOn, l, nil
+}
+
+// registerLeaserMetrics exposes the partition leases of ordered mode: how
+// many partitions this relay holds (summed over relays it should equal the
+// partition count) and how often leases changed hands.
+func registerLeaserMetrics(reg prometheus.Registerer, l *ordered.Leaser) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Name: "partitions_held",
+			Help: "Ordered-mode partitions this relay holds a lease on."},
+			func() float64 { return float64(len(l.Held())) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Name: "partitions",
+			Help: "Ordered-mode partitions of the outbox."},
+			func() float64 { return float64(l.PartitionCount()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "txoutbox", Name: "partition_takeovers_total",
+			Help: "Expired leases of other relays this relay took over (failovers)."},
+			func() float64 { return float64(l.Stats().Takeovers) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "txoutbox", Name: "partition_leases_lost_total",
+			Help: "Leases this relay found taken by another relay (it stalled past the lease)."},
+			func() float64 { return float64(l.Stats().Lost) }),
+	)
 }
 
 // partitionCount is OrderedOptions.PartitionCount: the leaser's count when

@@ -286,10 +286,15 @@ func TestOrderedRelays(t *testing.T) {
 	}
 	args := []string{"--broker", "log://?fail_once_types=order.flaky", "--ordering", "on", "--ordered-partitions", "4",
 		"--initial-backoff", "30ms", "--max-backoff", "60ms", "--poll-interval", "20ms", "--batch-size", "8"}
-	cmd1, out1, err1, _ := startRelay(t, f.dsn, args...)
-	cmd2, out2, err2, _ := startRelay(t, f.dsn, args...)
+	cmd1, out1, err1, addr1 := startRelay(t, f.dsn, args...)
+	cmd2, out2, err2, addr2 := startRelay(t, f.dsn, args...)
 	waitFor(t, 90*time.Second, "every event published", func() bool {
 		return f.count(t, "published_at IS NULL") == 0
+	})
+	// The two relays share the four partitions.
+	waitFor(t, 30*time.Second, "the partitions shared 2+2", func() bool {
+		m1, m2 := scrape(t, addr1), scrape(t, addr2)
+		return m1["txoutbox_partitions"] == 4 && m1["txoutbox_partitions_held"] == 2 && m2["txoutbox_partitions_held"] == 2
 	})
 	for i, cmd := range []*exec.Cmd{cmd1, cmd2} {
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
