@@ -93,6 +93,9 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 		}
 		goRun(n.Run)
 		goRun(l.Run)
+		defer func() {
+			b.log.Info("notify stats", "notifier", n.Stats(), "listener", l.Stats())
+		}()
 		select {
 		case <-l.Ready():
 		case <-time.After(30 * time.Second):
@@ -171,7 +174,7 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 			}
 		}
 	}
-	b.log.Info("latency run", "mode", mode, "events", len(lat), "slower_than_quarter_poll", slow)
+	b.log.Info("latency run", "mode", mode, "events", len(lat), "slower_than_quarter_poll", slow, "relay", relay.Counters())
 	return latencies{p50: percentile(lat, 0.50), p99: percentile(lat, 0.99)}, nil
 }
 

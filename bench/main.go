@@ -19,6 +19,9 @@
 //	e  claim latency with millions of published rows retained against an
 //	   empty table
 //
+// With -v the command logs its progress to stderr; BENCH_DEBUG=1 also logs
+// every event of scenario c slower than a quarter of the poll interval.
+//
 // Ratios compare figures taken minutes apart on the same machine and the same
 // database, so that a noisy, shared machine moves both sides together; each
 // throughput figure is the best of -rounds repetitions.
