@@ -333,3 +333,31 @@ func TestOrderedRelays(t *testing.T) {
 		t.Fatalf("%d flaky events not published on their second attempt", n)
 	}
 }
+
+// TestShutdownTimeoutReleasesTheBatch stops a relay whose broker hangs: after
+// --shutdown-timeout the batch is given back unmarked, and the next relay
+// publishes it.
+func TestShutdownTimeoutReleasesTheBatch(t *testing.T) {
+	f := newFixture(t)
+	evs := f.enqueue(t, "order.created", "1", 5)
+	cmd, stdout, stderr, addr := startRelay(t, f.dsn, "--broker", "log://?delay=1h", "--shutdown-timeout", "200ms")
+	waitFor(t, 30*time.Second, "a batch in flight", func() bool {
+		return scrape(t, addr)["txoutbox_batches_total"] == 1
+	})
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, cmd, 30*time.Second); code != 0 {
+		t.Fatalf("relay exited %d:\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), `"released":5`) || !strings.Contains(stderr.String(), "shutdown cut a batch off") {
+		t.Fatalf("the batch was not released:\n%s", stderr.String())
+	}
+	if stdout.String() != "" || f.count(t, "published_at IS NULL AND attempt_count = 0") != len(evs) {
+		t.Fatalf("a cut-off batch left a trace: stdout %q", stdout.String())
+	}
+	r := ok(t, f.dsn, "relay", "--broker", "log://", "--drain", "--http-addr", "")
+	if got := sinkIDs(t, r.stdout); len(got) != len(evs) {
+		t.Fatalf("the next relay published %d of %d", len(got), len(evs))
+	}
+}
