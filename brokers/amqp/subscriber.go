@@ -111,7 +111,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			if ctx.Err() != nil || s.isClosing() {
 				return
 			}
-			s.log.Debug("amqpbroker: consuming stopped; resuming", "topic", topic, "error", err, "retry_in", wait)
+			// One warning per interruption: the loop first waits for the
+			// connection to be back.
+			s.log.Warn("amqpbroker: consuming stopped; resuming", "topic", topic, "error", err, "retry_in", wait)
 			select {
 			case <-ctx.Done():
 				return

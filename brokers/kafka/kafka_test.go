@@ -333,8 +333,9 @@ func TestTopicMap(t *testing.T) {
 	consumeAll(t, cl.addrs, "order.paid", 1)
 }
 
-// Two subscribers in one consumer group share the partitions: between them
-// every event arrives.
+// Two subscribers in one consumer group share the partitions: once the
+// group has settled both receive events, and between them every event
+// arrives.
 func TestConsumerGroupSharesPartitions(t *testing.T) {
 	t.Parallel()
 	cl := newCluster(t)
@@ -343,21 +344,31 @@ func TestConsumerGroupSharesPartitions(t *testing.T) {
 	group := "g-" + testenv.RandomSuffix()
 	a := receive(t, newSubscriber(t, cl.addrs, group), et)
 	b := receive(t, newSubscriber(t, cl.addrs, group), et)
-	var evs []core.Event
-	for i := range 40 {
-		evs = append(evs, event(t, et, fmt.Sprint("o-", i), i))
-	}
-	if err := p.Publish(t.Context(), evs); err != nil {
-		t.Fatal(err)
-	}
+	var sent []core.Event
 	deadline := time.Now().Add(60 * time.Second)
+	// Keep publishing (40 aggregates over 4 partitions per round) until the
+	// second member has joined and both got a share.
+	for round := 0; a.count() == 0 || b.count() == 0; round++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d rounds one member still has nothing: %d and %d", round, a.count(), b.count())
+		}
+		var evs []core.Event
+		for i := range 40 {
+			evs = append(evs, event(t, et, fmt.Sprint("o-", i), round))
+		}
+		if err := p.Publish(t.Context(), evs); err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, evs...)
+		time.Sleep(300 * time.Millisecond)
+	}
 	for {
 		got := a.ids()
 		for id, n := range b.ids() {
 			got[id] += n
 		}
 		missing := 0
-		for _, ev := range evs {
+		for _, ev := range sent {
 			if got[ev.ID] == 0 {
 				missing++
 			}
@@ -366,11 +377,11 @@ func TestConsumerGroupSharesPartitions(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d events never reached the group", missing, len(evs))
+			t.Fatalf("%d of %d events never reached the group", missing, len(sent))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("group members received %d and %d", a.count(), b.count())
+	t.Logf("%d events: the members received %d and %d", len(sent), a.count(), b.count())
 }
 
 func TestInvalidOptions(t *testing.T) {
