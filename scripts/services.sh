@@ -17,6 +17,7 @@ PG_PORT=${TXOUTBOX_PG_PORT:-55432}
 AMQP_PORT=${TXOUTBOX_AMQP_PORT:-55672}
 AMQP_DIST_PORT=${TXOUTBOX_AMQP_DIST_PORT:-45672}
 SNS_PORT=${TXOUTBOX_SNS_PORT:-54100}
+RABBIT_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}@localhost
 PGBIN=/usr/lib/postgresql/15/bin
 
 log() { echo "services: $*" >&2; }
@@ -65,7 +66,8 @@ CONF
 
 start_rabbitmq() {
 	need_pkg rabbitmq-server rabbitmq-server
-	export RABBITMQ_NODENAME="txoutbox@localhost"
+	export RABBITMQ_NODENAME="$RABBIT_NODE"
+	export ERL_EPMD_ADDRESS=127.0.0.1
 	export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
 	export RABBITMQ_NODE_PORT=$AMQP_PORT
 	export RABBITMQ_DIST_PORT=$AMQP_DIST_PORT
@@ -149,9 +151,9 @@ write_env() {
 	cat >"$SVC/env" <<ENV
 export TXOUTBOX_PG_DSN='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
 export TXOUTBOX_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
-export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n txoutbox@localhost'
+export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n '
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'
-export TXOUTBOX_RABBITMQ_ENV='RABBITMQ_NODENAME=txoutbox@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$AMQP_PORT RABBITMQ_DIST_PORT=$AMQP_DIST_PORT RABBITMQ_MNESIA_BASE=$SVC/rabbitmq/mnesia RABBITMQ_LOG_BASE=$SVC/rabbitmq/log RABBITMQ_ENABLED_PLUGINS_FILE=$SVC/rabbitmq/enabled_plugins RABBITMQ_CONFIG_FILE=$SVC/rabbitmq/rabbitmq'
+export TXOUTBOX_RABBITMQ_ENV='RABBITMQ_NODENAME=$RABBIT_NODE RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$AMQP_PORT RABBITMQ_DIST_PORT=$AMQP_DIST_PORT RABBITMQ_MNESIA_BASE=$SVC/rabbitmq/mnesia RABBITMQ_LOG_BASE=$SVC/rabbitmq/log RABBITMQ_ENABLED_PLUGINS_FILE=$SVC/rabbitmq/enabled_plugins RABBITMQ_CONFIG_FILE=$SVC/rabbitmq/rabbitmq'
 ENV
 	log "environment in $SVC/env"
 }
@@ -160,7 +162,7 @@ stop_all() {
 	if [ -d "$SVC/pg/data" ]; then
 		su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $SVC/pg/data -m fast stop" >&2 || true
 	fi
-	/usr/lib/rabbitmq/bin/rabbitmqctl -n "txoutbox@localhost" stop >&2 2>/dev/null || true
+	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBIT_NODE" stop >&2 2>/dev/null || true
 	if [ -f "$SVC/goaws.pid" ]; then kill "$(cat "$SVC/goaws.pid")" 2>/dev/null || true; rm -f "$SVC/goaws.pid"; fi
 }
 
