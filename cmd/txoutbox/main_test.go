@@ -416,6 +416,11 @@ func TestDeadListRetryPurge(t *testing.T) {
 	if r.code != exitError || f.count(t, "dead_at IS NOT NULL") != 1 {
 		t.Fatalf("TXOUTBOX_YES purged without asking: exit %d", r.code)
 	}
+	// Nor is a selector: without one on the command line, nothing happens.
+	r = run(t, "", []string{"TXOUTBOX_TYPE=order.paid", "TXOUTBOX_DSN=" + f.dsn}, "dead", "retry")
+	if r.code != exitUsage || f.count(t, "dead_at IS NOT NULL") != 1 {
+		t.Fatalf("TXOUTBOX_TYPE selected events: exit %d\n%s", r.code, r.stderr)
+	}
 }
 
 func TestReplay(t *testing.T) {

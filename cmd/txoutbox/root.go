@@ -37,8 +37,15 @@ var (
 const envPrefix = "TXOUTBOX_"
 
 // noEnv lists flags that no environment variable may set: a --yes or --all
-// left in an environment would turn every later purge into a silent one.
-var noEnv = map[string]bool{"help": true, "yes": true, "all": true, "version": true}
+// left in an environment would turn every later purge into a silent one, and
+// a leftover selector (TXOUTBOX_TYPE=...) would quietly narrow or widen what
+// a dead-letter or replay command touches. What an operator selects is said
+// on the command line; only configuration comes from the environment.
+var noEnv = map[string]bool{
+	"help": true, "yes": true, "all": true, "version": true,
+	"id": true, "seq": true, "type": true, "dead-before": true, "after": true,
+	"from-seq": true, "to-seq": true, "since": true, "until": true, "aggregate-type": true, "aggregate-id": true,
+}
 
 // app is one run of the command line: its streams and global flags.
 type app struct {
@@ -93,7 +100,8 @@ kept, listed by 'txoutbox dead list' and re-queued by 'txoutbox dead retry'.
 Every flag can be set by an environment variable named TXOUTBOX_ and the flag
 in upper case, dashes as underscores: --dsn is TXOUTBOX_DSN, --log-format is
 TXOUTBOX_LOG_FORMAT. A flag on the command line wins over the environment.
-(--yes and --all have no variable, on purpose.)`,
+Flags that select events (--id, --type, --since, ...) and --yes and --all have
+no variable, on purpose: what a command touches is said on its command line.`,
 		Example: `  # Try it out: create the tables, run a relay that prints what it publishes.
   export TXOUTBOX_DSN='postgres://app:secret@localhost:5432/app?sslmode=disable'
   txoutbox migrate
