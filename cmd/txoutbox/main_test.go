@@ -227,13 +227,46 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
-func TestMigrateAndStatsOnSQLite(t *testing.T) {
-	dsn := "sqlite:" + filepath.Join(t.TempDir(), "app.db")
+func TestSQLite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	dsn := "sqlite:" + path
 	ok(t, dsn, "migrate")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{dsn: dsn, db: db, ob: ob}
+	evs := f.enqueue(t, "order.created", "1", 4)
+	f.enqueue(t, "order.paid", "1", 1)
+
 	r := ok(t, dsn, "stats", "--format", "json")
 	var s statsJSON
-	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil || s.Pending != 0 {
-		t.Fatalf("stats on an empty SQLite outbox: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil || s.Pending != 5 || s.ByType["order.created"].Pending != 4 {
+		t.Fatalf("stats on SQLite: %v\n%s", err, r.stdout)
+	}
+	r = ok(t, dsn, "relay", "--broker", "log://?fail_types=order.paid", "--max-attempts", "1", "--drain", "--http-addr", "", "--concurrency", "4")
+	if got := sinkIDs(t, r.stdout); len(got) != len(evs) {
+		t.Fatalf("relay on SQLite published %d, want %d", len(got), len(evs))
+	}
+	r = ok(t, dsn, "dead", "list", "--format", "json")
+	var dead []deadJSON
+	if err := json.Unmarshal([]byte(r.stdout), &dead); err != nil || len(dead) != 1 || dead[0].EventType != "order.paid" {
+		t.Fatalf("dead list on SQLite: %v\n%s", err, r.stdout)
+	}
+	ok(t, dsn, "dead", "retry", "--all")
+	ok(t, dsn, "replay", "--type", "order.created")
+	r = ok(t, dsn, "relay", "--broker", "log://", "--drain", "--http-addr", "")
+	if got := sinkIDs(t, r.stdout); len(got) != len(evs)+1 {
+		t.Fatalf("after retry and replay the relay published %d, want %d", len(got), len(evs)+1)
+	}
+	r = ok(t, dsn, "cleanup", "--retention", "1ns")
+	if !strings.Contains(r.stdout, "deleted 5 published event(s)") {
+		t.Fatalf("cleanup on SQLite: %s", r.stdout)
 	}
 }
 
