@@ -62,8 +62,9 @@ func producerSafety(cfg *sarama.Config) {
 	// needs one request in flight per broker connection.
 	cfg.Producer.Idempotent = true
 	cfg.Net.MaxOpenRequests = 1
-	if cfg.Producer.Retry.Max == 0 {
-		cfg.Producer.Retry.Max = 5
+	// The idempotent producer needs at least one retry.
+	if cfg.Producer.Retry.Max < 1 {
+		cfg.Producer.Retry.Max = 3
 	}
 	cfg.Producer.Return.Successes = true
 	cfg.Producer.Return.Errors = true

@@ -389,7 +389,7 @@ func TestInvalidOptions(t *testing.T) {
 		t.Errorf("no brokers: %v", err)
 	}
 	bad := kafkabroker.NewSaramaConfig()
-	bad.Producer.Retry.Max = -1
+	bad.Producer.MaxMessageBytes = 0
 	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, Sarama: bad}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
 		t.Errorf("invalid sarama config: %v", err)
 	}
