@@ -163,19 +163,29 @@ func DecodeHeaders(attrs map[string]string, overflow string) (map[string]string,
 
 // Notification is the JSON envelope SNS wraps around a message it delivers
 // to an SQS queue (or HTTP endpoint) without raw message delivery.
+// Field names are SNS's own, as in its JSON.
 type Notification struct {
-	Type              string
-	MessageId         string
-	TopicArn          string
-	Subject           string `json:",omitempty"`
-	Message           string
-	Timestamp         string
+	// Type is "Notification" for a published message.
+	Type string
+	// MessageId is the ID SNS gave the message (not the event ID).
+	MessageId string
+	// TopicArn is the topic the message was published to.
+	TopicArn string
+	// Subject is the optional subject; the publisher sets none.
+	Subject string `json:",omitempty"`
+	// Message is the published body: the event payload.
+	Message string
+	// Timestamp is when SNS accepted the message (RFC 3339).
+	Timestamp string
+	// MessageAttributes are the message attributes by name.
 	MessageAttributes map[string]NotificationAttribute `json:",omitempty"`
 }
 
 // NotificationAttribute is one message attribute inside a Notification.
 type NotificationAttribute struct {
-	Type  string
+	// Type is the attribute's data type, "String" for the publisher's.
+	Type string
+	// Value is the attribute's value.
 	Value string
 }
 

@@ -57,6 +57,7 @@ type EntryError struct {
 	SenderFault bool
 }
 
+// Error tells SNS's code and message.
 func (e *EntryError) Error() string {
 	return fmt.Sprintf("snsbroker: PublishBatch entry failed: %s: %s (sender fault: %t)", e.Code, e.Message, e.SenderFault)
 }
@@ -98,8 +99,8 @@ type Options struct {
 	// PublishBatch (the goaws emulator).
 	MaxBatchSize int
 	// MaxAttributes is the most message attributes per message, 5 to 10.
-	// Default MaxAttributes (10). See encodeAttributes for what happens to
-	// headers beyond it.
+	// Default MaxAttributes (10). The package documentation tells what
+	// happens to headers beyond it.
 	MaxAttributes int
 	// OverflowAttribute names the attribute that carries the headers that
 	// do not fit. Default DefaultOverflowAttribute.
