@@ -414,3 +414,55 @@ func (r *received) waitIDs(t testing.TB, ids []string, d time.Duration) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A nacked message is requeued and delivered again; an acked one is gone.
+func TestSubscriberNackRedelivers(t *testing.T) {
+	t.Parallel()
+	et := "order.nack." + testenv.RandomSuffix()
+	sub := newSubscriber(t, amqpbroker.SubscriberOptions{})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, et)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := event(t, et, "o-1", 0)
+	if err := newPublisher(t, amqpbroker.Options{}).Publish(ctx, []core.Event{ev}); err != nil {
+		t.Fatal(err)
+	}
+	first := <-msgs
+	if first == nil || first.UUID != ev.ID {
+		t.Fatalf("first delivery %v, want UUID %s", first, ev.ID)
+	}
+	first.Nack()
+	again := <-msgs
+	if again == nil || again.UUID != ev.ID {
+		t.Fatalf("after Nack got %v, want %s again", again, ev.ID)
+	}
+	again.Ack()
+	select {
+	case m := <-msgs:
+		t.Fatalf("acked message delivered again: %v", m.UUID)
+	case <-time.After(500 * time.Millisecond):
+	}
+	rawChannel(t).ExchangeDelete(et, false, false)
+}
+
+// Publish gives up on a cancelled context without reporting success.
+func TestPublishCancelledContext(t *testing.T) {
+	t.Parallel()
+	et := "order.cancel." + testenv.RandomSuffix()
+	p := newPublisher(t, amqpbroker.Options{Consumers: []string{"c"}, Channels: 1})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := p.Publish(ctx, []core.Event{event(t, et, "o-1", 0)}); err == nil {
+		t.Fatal("Publish with a cancelled context = nil")
+	}
+	// The publisher is still usable.
+	if err := p.Publish(t.Context(), []core.Event{event(t, et, "o-1", 1)}); err != nil {
+		t.Fatalf("Publish after a cancelled one: %v", err)
+	}
+	ch := rawChannel(t)
+	ch.QueueDelete(amqpbroker.QueueName("c", et), false, false, false)
+	ch.ExchangeDelete(et, false, false)
+}
