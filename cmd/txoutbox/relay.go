@@ -150,7 +150,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if err != nil {
 		return err
 	}
-	store, ordering, leaser, err := a.relayStore(db, ob, pub, ordering, f.partitions)
+	store, ordering, leaser, err := a.relayStore(db, ob, pub, ordering, f.partitions, f.drain)
 	if err != nil {
 		return err
 	}
@@ -255,7 +255,12 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 // package ordered, with a partition leaser on PostgreSQL so that several
 // relays share the partitions; otherwise the sqlx Outbox claims. Either way
 // producers write with any adapter: only claiming differs.
-func (a *app) relayStore(db *database, ob *sqlxoutbox.Outbox, pub core.Publisher, mode core.OrderingMode, partitions int) (core.Store, core.OrderingMode, core.PartitionLeaser, error) {
+//
+// A draining relay takes no leases: the leaser runs only inside Relay.Run,
+// so it would hold no partition and drain nothing. It claims from every
+// partition instead, which the store's per-partition locks keep safe beside
+// running relays that use the same --ordered-partitions.
+func (a *app) relayStore(db *database, ob *sqlxoutbox.Outbox, pub core.Publisher, mode core.OrderingMode, partitions int, drain bool) (core.Store, core.OrderingMode, core.PartitionLeaser, error) {
 	if mode == core.OrderingOff {
 		return ob, mode, nil, nil
 	}
@@ -269,7 +274,7 @@ func (a *app) relayStore(db *database, ob *sqlxoutbox.Outbox, pub core.Publisher
 	if err != nil {
 		return nil, mode, nil, fmt.Errorf("%w: %w", ErrUsage, err)
 	}
-	if db.dialect.MaxConcurrency() == 1 {
+	if db.dialect.MaxConcurrency() == 1 || drain {
 		// SQLite: one relay, no partitions to share.
 		return st, core.OrderingOn, nil, nil
 	}

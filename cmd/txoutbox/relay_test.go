@@ -332,6 +332,13 @@ func TestOrderedRelays(t *testing.T) {
 	if n := f.count(t, "event_type = 'order.flaky' AND attempt_count <> 2"); n != 0 {
 		t.Fatalf("%d flaky events not published on their second attempt", n)
 	}
+
+	// A draining relay in ordered mode (no leases of its own) publishes too.
+	more := f.enqueue(t, "order.ok", "0", 3)
+	r := ok(t, f.dsn, "relay", "--broker", "log://", "--ordering", "on", "--ordered-partitions", "4", "--drain", "--http-addr", "")
+	if got := sinkIDs(t, r.stdout); len(got) != len(more) || !strings.Contains(r.stderr, "ordered=true") {
+		t.Fatalf("ordered drain published %d of %d:\n%s", len(got), len(more), r.stderr)
+	}
 }
 
 // TestShutdownTimeoutReleasesTheBatch stops a relay whose broker hangs: after
