@@ -1,6 +1,7 @@
 package snsbroker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -268,6 +269,7 @@ type prepared struct {
 	entry
 	attrs map[string]types.MessageAttributeValue
 	size  int
+	bad   error // why it cannot be sent at all
 }
 
 func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry, errs []error) {
@@ -282,16 +284,16 @@ func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry
 	ready := make([]prepared, 0, len(entries))
 	for _, e := range entries {
 		attrs, asize, err := encodeAttributes(e.headers, p.opts.MaxAttributes, p.opts.OverflowAttribute)
-		if err != nil {
-			errs[e.idx] = fmt.Errorf("event %s: %w", e.id, err)
-			continue
-		}
 		size := len(e.body) + asize
-		if size > MaxMessageBytes {
-			errs[e.idx] = fmt.Errorf("%w: event %s is %d bytes, SNS takes %d", ErrMessageTooLarge, e.id, size, MaxMessageBytes)
-			continue
+		switch {
+		case err != nil:
+			err = fmt.Errorf("event %s: %w", e.id, err)
+		case size > MaxMessageBytes:
+			err = fmt.Errorf("%w: event %s is %d bytes, SNS takes %d", ErrMessageTooLarge, e.id, size, MaxMessageBytes)
 		}
-		ready = append(ready, prepared{entry: e, attrs: attrs, size: size})
+		// A bad event stays in line, so that on a FIFO topic it holds back
+		// its group's later events like a refused one.
+		ready = append(ready, prepared{entry: e, attrs: attrs, size: size, bad: err})
 	}
 	call := func(chunk []prepared) {
 		if p.opts.MaxBatchSize == 1 {
@@ -313,6 +315,14 @@ func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry
 		n := 0
 		for n < len(ready) && len(chunk) < p.opts.MaxBatchSize {
 			e := ready[n]
+			if e.bad != nil {
+				errs[e.idx] = e.bad
+				if fifo {
+					failedGroups[e.group] = true
+				}
+				n++
+				continue
+			}
 			if fifo && failedGroups[e.group] {
 				errs[e.idx] = fmt.Errorf("%w: event %s, group %q", ErrEarlierFailed, e.id, e.group)
 				n++
@@ -334,7 +344,7 @@ func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry
 				errs[e.idx] = err
 			}
 			for _, e := range ready {
-				errs[e.idx] = err
+				errs[e.idx] = cmp.Or(e.bad, err)
 			}
 			return
 		}
@@ -352,7 +362,7 @@ func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			for _, e := range append(chunk, ready...) {
-				errs[e.idx] = ctx.Err()
+				errs[e.idx] = cmp.Or(e.bad, ctx.Err())
 			}
 			return
 		}

@@ -593,3 +593,27 @@ func TestConcurrency(t *testing.T) {
 		})
 	}
 }
+
+// TestFIFOHoldsBehindBadEvent: an event that cannot be sent at all (too
+// large) holds back its group's later events on a FIFO topic, not its
+// earlier ones, and not other groups.
+func TestFIFOHoldsBehindBadEvent(t *testing.T) {
+	t.Parallel()
+	g := newGoaws(t)
+	f := newFront(t, g.endpoint)
+	ctx := ctxTimeout(t)
+	topic := "fifobad-" + testenv.RandomSuffix() + ".fifo"
+	topicARN, queueURL := g.subscribeQueue(t, ctx, topic, true)
+	pub := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Topic: func(*core.Event) string { return topic }})
+	evs := events(t, "order.created", 6, 2) // agg-0, agg-1, agg-0, ...
+	evs[2].Payload = json.RawMessage(`"` + strings.Repeat("x", snsbroker.MaxMessageBytes) + `"`)
+	errs := batchErrs(t, pub.Publish(ctx, evs), len(evs))
+	for i, want := range []error{nil, nil, snsbroker.ErrMessageTooLarge, nil, snsbroker.ErrEarlierFailed, nil} {
+		if want == nil && errs[i] != nil || want != nil && !errors.Is(errs[i], want) {
+			t.Errorf("event %d (%s): %v, want %v", i, evs[i].AggregateID, errs[i], want)
+		}
+	}
+	if got := g.drain(t, ctx, queueURL, true, topicARN, 4, 300*time.Millisecond); len(got) != 4 {
+		t.Errorf("%d messages arrived, want 4", len(got))
+	}
+}
