@@ -1,6 +1,7 @@
-// Package kafkabroker publishes txoutbox events to Kafka through
-// github.com/ThreeDotsLabs/watermill-kafka/v3 (github.com/IBM/sarama), and
-// gives consumers a Watermill consumer-group subscriber.
+// Package kafkabroker publishes txoutbox events to Kafka with
+// github.com/IBM/sarama, in watermill-kafka's record format, and gives
+// consumers a github.com/ThreeDotsLabs/watermill-kafka/v3 consumer-group
+// subscriber.
 //
 // The topic is the event type, or what Options.Topic returns (TopicMap
 // renames some). The message key is the aggregate ID, so that one
@@ -35,17 +36,17 @@ var (
 	ErrPublish = errors.New("kafkabroker: publish failed")
 )
 
-// Version is the Kafka protocol version NewSaramaConfig asks for: recent
-// enough for the idempotent producer (0.11+) and record headers.
-var Version = sarama.V3_6_0_0
+// defaultVersion is the Kafka protocol version NewSaramaConfig asks for:
+// recent enough for the idempotent producer (0.11+) and record headers.
+var defaultVersion = sarama.V3_6_0_0
 
 // NewSaramaConfig returns the sarama configuration the publisher and the
-// subscriber start from: Version, and the producer settings that
+// subscriber start from: Kafka protocol 3.6, and the producer settings that
 // NewPublisher enforces anyway. Set TLS, SASL or client ID on it and pass it
 // as Options.Sarama / SubscriberOptions.Sarama.
 func NewSaramaConfig() *sarama.Config {
 	cfg := sarama.NewConfig()
-	cfg.Version = Version
+	cfg.Version = defaultVersion
 	cfg.ClientID = "txoutbox"
 	producerSafety(cfg)
 	cfg.Consumer.Return.Errors = true
