@@ -41,7 +41,8 @@ var (
 var defaultVersion = sarama.V3_6_0_0
 
 // NewSaramaConfig returns the sarama configuration the publisher and the
-// subscriber start from: Kafka protocol 3.6, and the producer settings that
+// subscriber start from: Kafka protocol 3.6 (lower Version for an older
+// cluster; 0.11 is the minimum), and the producer settings that
 // NewPublisher enforces anyway. Set TLS, SASL or client ID on it and pass it
 // as Options.Sarama / SubscriberOptions.Sarama.
 func NewSaramaConfig() *sarama.Config {
