@@ -61,13 +61,11 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 		ctx, cancel := timeout(t, deliveryTimeout)
 		defer cancel()
 		got := col.Wait(ctx, ids(committed))
+		// No order check here: this relay runs unordered workers. Brokers
+		// prove their order in RunPublisher, the ordered relay in package
+		// ordered.
 		if err := CheckMessages(committed, got); err != nil {
 			t.Error(err)
-		}
-		if b.Ordered {
-			if err := CheckAggregateOrder(committed, got); err != nil {
-				t.Error(err)
-			}
 		}
 		waitPublished(t, ctx, f, committed)
 		for _, ev := range rolledBack {
@@ -89,8 +87,11 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 		time.Sleep(200 * time.Millisecond)
 		evs := suiteEvents(t, et, 3, 1)
 		for i := range evs {
-			r.Notify() // before the commit, as an adapter's Notifier does
+			// After the commit, so that the outcome does not hang on the
+			// wake grace of a loaded machine; notifying before the commit
+			// is covered by core's relay tests.
 			mustEnqueue(t, f, evs[i:i+1], true)
+			r.Notify()
 		}
 		ctx, cancel := timeout(t, deliveryTimeout)
 		defer cancel()
