@@ -60,11 +60,8 @@ func newBroker(t *testing.T) *outboxtest.BrokerFixture {
 	return &outboxtest.BrokerFixture{
 		Publisher:  newPublisher(t, amqpbroker.Options{Reconnect: fastReconnect}),
 		Subscriber: newSubscriber(t, amqpbroker.SubscriberOptions{Reconnect: fastReconnect}),
-		// Not Ordered here: the suite runs two relay workers, whose
-		// concurrent batches can interleave one aggregate's events whatever
-		// the broker does. RunPublisher checks the broker's own order.
-		Ordered: false,
-		Stop:    func(t *testing.T) { testenv.RabbitMQCtl(t, "stop_app") },
+		Ordered:    true,
+		Stop:       func(t *testing.T) { testenv.RabbitMQCtl(t, "stop_app") },
 		Start: func(t *testing.T) {
 			testenv.RabbitMQCtl(t, "start_app")
 			testenv.RabbitMQCtl(t, "await_startup")

@@ -63,12 +63,9 @@ func newBroker(t *testing.T) *outboxtest.BrokerFixture {
 	return &outboxtest.BrokerFixture{
 		Publisher:  newPublisher(t, cl.addrs, kafkabroker.Options{}),
 		Subscriber: newSubscriber(t, cl.addrs, ""),
-		// Not Ordered here: the suite runs two relay workers, whose
-		// concurrent batches can interleave one aggregate's events whatever
-		// the broker does. RunPublisher checks the broker's own order.
-		Ordered: false,
-		Stop:    func(t *testing.T) { cl.stop() },
-		Start:   func(t *testing.T) { cl.start(t) },
+		Ordered:    true,
+		Stop:       func(t *testing.T) { cl.stop() },
+		Start:      func(t *testing.T) { cl.start(t) },
 	}
 }
 
