@@ -2,9 +2,12 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"regexp"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -140,21 +143,24 @@ type deadJSON struct {
 
 func (a *app) deadListCommand() *cobra.Command {
 	var (
-		sel    deadSelector
-		format string
-		limit  int
-		after  int64
+		sel     deadSelector
+		format  string
+		limit   int
+		after   int64
+		summary bool
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List dead-lettered events with their last error",
 		Long: `list shows dead-lettered events in Seq order, one page at a time: at most
 --limit of them, after --after. The table shortens long errors; --format json
-gives everything, payload included.`,
+gives everything, payload included. --summary counts the dead events by type
+and error instead, over all of them, to see at a glance what went wrong.`,
 		Example: `  txoutbox dead list
   txoutbox dead list --type order.paid --limit 20
   txoutbox dead list --after 1200         # the next page, after Seq 1200
-  txoutbox dead list --format json | jq -r '.[].id'`,
+  txoutbox dead list --format json | jq -r '.[].id'
+  txoutbox dead list --summary`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if format != "table" && format != "json" {
@@ -172,6 +178,9 @@ gives everything, payload included.`,
 				return err
 			}
 			defer db.Close()
+			if summary {
+				return a.deadSummary(cmd, ob, f, format)
+			}
 			evs, err := ob.ListDead(cmd.Context(), f, sqlxoutbox.Page{AfterSeq: after, Limit: limit})
 			if err != nil {
 				return fmt.Errorf("list dead events: %w", err)
@@ -199,7 +208,74 @@ gives everything, payload included.`,
 	cmd.Flags().StringVar(&format, "format", "table", "output format: table or json")
 	cmd.Flags().IntVar(&limit, "limit", 100, "most events to list")
 	cmd.Flags().Int64Var(&after, "after", 0, "list events with a Seq greater than this (paging)")
+	cmd.Flags().BoolVar(&summary, "summary", false, "count dead events by type and last error instead of listing them")
 	return cmd
+}
+
+// deadGroup is one line of dead list --summary.
+type deadGroup struct {
+	EventType string `json:"event_type"`
+	LastError string `json:"last_error"`
+	Count     int    `json:"count"`
+	FirstSeq  int64  `json:"first_seq"`
+}
+
+// uuidRE matches event IDs, which errors often name; the summary groups
+// errors that differ only by them.
+var uuidRE = regexp.MustCompile(`[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`)
+
+// deadSummary groups every dead event f selects (up to countLimit) by type
+// and last error, most frequent first.
+func (a *app) deadSummary(cmd *cobra.Command, ob *sqlxoutbox.Outbox, f dialect.DeadFilter, format string) error {
+	type key struct{ typ, err string }
+	groups := map[key]*deadGroup{}
+	page := sqlxoutbox.Page{Limit: 1000}
+	seen := 0
+	for seen < countLimit {
+		evs, err := ob.ListDead(cmd.Context(), f, page)
+		if err != nil {
+			return fmt.Errorf("list dead events: %w", err)
+		}
+		for _, ev := range evs {
+			k := key{ev.EventType, shorten(uuidRE.ReplaceAllString(ev.LastError, "<id>"), 100)}
+			g := groups[k]
+			if g == nil {
+				g = &deadGroup{EventType: k.typ, LastError: k.err, FirstSeq: ev.Seq}
+				groups[k] = g
+			}
+			g.Count++
+		}
+		seen += len(evs)
+		if len(evs) < page.Limit {
+			break
+		}
+		page.AfterSeq = evs[len(evs)-1].Seq
+	}
+	out := make([]deadGroup, 0, len(groups))
+	for _, g := range groups {
+		out = append(out, *g)
+	}
+	slices.SortFunc(out, func(x, y deadGroup) int {
+		if x.Count != y.Count {
+			return y.Count - x.Count
+		}
+		return cmp.Compare(x.FirstSeq, y.FirstSeq)
+	})
+	if format == "json" {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	if len(out) == 0 {
+		fmt.Fprintln(a.stdout, "no dead-lettered events")
+		return nil
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "COUNT\tTYPE\tFIRST SEQ\tLAST ERROR")
+	for _, g := range out {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\n", g.Count, g.EventType, g.FirstSeq, g.LastError)
+	}
+	return tw.Flush()
 }
 
 func writeDeadTable(w io.Writer, evs []core.Event) {

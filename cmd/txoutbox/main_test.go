@@ -398,6 +398,10 @@ func TestDeadListRetryPurge(t *testing.T) {
 	if !strings.Contains(r.stderr, fmt.Sprintf("--after %d", listed[1].Seq)) {
 		t.Fatalf("no paging hint: %s", r.stderr)
 	}
+	r = ok(t, f.dsn, "dead", "list", "--summary")
+	if l := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(l) != 2 || !strings.HasPrefix(strings.Join(strings.Fields(l[1]), " "), "3 order.paid") {
+		t.Fatalf("dead list --summary:\n%s", r.stdout)
+	}
 	r = ok(t, f.dsn, "dead", "list", "--type", "order.created")
 	if !strings.Contains(r.stdout, "no dead-lettered events") {
 		t.Fatalf("dead list of a type with none: %s", r.stdout)
