@@ -18,8 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
@@ -435,9 +434,10 @@ func waitTakeover(db *sql.DB, owner string, held []int, since time.Time, limit t
 
 // chaosConsumer reads the test's queue and checks order as messages come:
 // a reordering is a first delivery of an aggregate's event before the first
-// delivery of every earlier one.
+// delivery of every earlier one. It uses amqp091-go directly, re-dialling
+// after the broker restart, so that nothing between the queue and the check
+// could reorder or hide a message.
 type chaosConsumer struct {
-	sub    *wamqp.Subscriber
 	cancel context.CancelFunc
 	done   chan struct{}
 
@@ -456,35 +456,89 @@ type chaosConsumer struct {
 	got          []outboxtest.Received
 }
 
+// declareChaosQueue declares the topology brokers/amqp uses by default (a
+// durable fanout exchange named after the topic, the consumer's durable
+// queue bound to it), so that nothing the relays publish is dropped.
+func declareChaosQueue(ch *amqp.Channel, queue, topic string) error {
+	if err := ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		return err
+	}
+	return ch.QueueBind(queue, topic, topic, false, nil)
+}
+
 func startChaosConsumer(t *testing.T, url, consumer, topic string, index map[string]int32, numAggs int, keep bool) *chaosConsumer {
 	t.Helper()
-	cfg := wamqp.NewDurablePubSubConfig(url, func(topic string) string { return consumer + "." + topic })
-	cfg.Connection.Reconnect = &wamqp.ReconnectConfig{
-		BackoffInitialInterval: 100 * time.Millisecond, BackoffRandomizationFactor: 0.5,
-		BackoffMultiplier: 1.5, BackoffMaxInterval: 500 * time.Millisecond,
-	}
-	cfg.Consume.Qos.PrefetchCount = 500
-	sub, err := wamqp.NewSubscriber(cfg, watermill.NopLogger{})
+	queue := consumer + "." + topic
+	conn, err := amqp.Dial(url)
 	if err != nil {
-		t.Fatalf("connect subscriber: %v", err)
+		t.Fatalf("connect consumer: %v", err)
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = declareChaosQueue(ch, queue, topic)
+	}
+	if err != nil {
+		conn.Close()
+		t.Fatalf("declare the test's queue: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	msgs, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		cancel()
-		t.Fatalf("subscribe: %v", err)
-	}
-	c := &chaosConsumer{sub: sub, cancel: cancel, done: make(chan struct{}), index: index, numAggs: numAggs,
+	c := &chaosConsumer{cancel: cancel, done: make(chan struct{}), index: index, numAggs: numAggs,
 		seen: make([]bool, len(index)), expect: make([]int32, numAggs), keep: keep}
 	go func() {
 		defer close(c.done)
-		for m := range msgs {
-			c.observe(m.Metadata.Get(core.HeaderEventID), m.Metadata.Get(core.HeaderAggregateID))
-			m.Ack()
+		for ctx.Err() == nil {
+			if conn == nil || conn.IsClosed() {
+				if conn, err = amqp.Dial(url); err != nil {
+					conn = nil
+					select {
+					case <-ctx.Done():
+					case <-time.After(200 * time.Millisecond):
+					}
+					continue
+				}
+			}
+			c.consume(ctx, conn, queue)
+		}
+		if conn != nil {
+			conn.Close()
 		}
 	}()
 	t.Cleanup(c.close)
 	return c
+}
+
+// consume reads deliveries until the connection or ctx ends.
+func (c *chaosConsumer) consume(ctx context.Context, conn *amqp.Connection, queue string) {
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		return
+	}
+	defer ch.Close()
+	if err := ch.Qos(500, 0, false); err != nil {
+		return
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case d, ok := <-deliveries:
+			if !ok {
+				return
+			}
+			id, _ := d.Headers[core.HeaderEventID].(string)
+			agg, _ := d.Headers[core.HeaderAggregateID].(string)
+			c.observe(id, agg)
+			_ = d.Ack(false)
+		}
+	}
 }
 
 func (c *chaosConsumer) observe(id, agg string) {
@@ -540,5 +594,4 @@ func (c *chaosConsumer) close() {
 	case <-c.done:
 	case <-time.After(10 * time.Second):
 	}
-	_ = c.sub.Close()
 }

@@ -1,6 +1,6 @@
 // Command chaosrelay is one ordered relay process of the chaos test
 // (TestOutageChaosOrdered): PostgreSQL outbox, partition leaser, RabbitMQ
-// publisher behind a fault injector. The test starts several, kills them
+// publisher (brokers/amqp, confirms) behind a fault injector. The test starts several, kills them
 // with SIGKILL and restarts them. It prints one line per lease change on
 // stdout ("lease <kind> <partition> <from>") and logs to stderr; SIGTERM
 // stops it cleanly.
@@ -18,10 +18,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/ordered"
@@ -76,17 +75,17 @@ func run() error {
 	defer db.Close()
 	db.SetMaxOpenConns(8)
 
-	// watermill-amqp directly, through core.NewWatermillPublisher: durable
-	// fanout exchange per topic, persistent messages, publisher confirms.
-	cfg := amqpConfig(env("CHAOS_AMQP_URL"), env("CHAOS_CONSUMER"))
-	cfg.Publish.ConfirmDelivery = true
-	cfg.Publish.ChannelPoolSize = publishConcurrency
-	wpub, err := wamqp.NewPublisher(cfg, watermill.NewSlogLogger(log.With("component", "amqp")))
+	pub, err := amqpbroker.NewPublisher(amqpbroker.Options{
+		URL:       env("CHAOS_AMQP_URL"),
+		Consumers: []string{env("CHAOS_CONSUMER")},
+		Channels:  4,
+		Reconnect: amqpbroker.Reconnect{Min: 100 * time.Millisecond, Max: 500 * time.Millisecond},
+		Logger:    log,
+	})
 	if err != nil {
 		return err
 	}
-	defer wpub.Close()
-	pub := byAggregate{inner: core.NewWatermillPublisher(wpub, nil), conc: publishConcurrency}
+	defer pub.Close()
 	faulty := &outboxtest.Faulty{Inner: pub, FailRate: envFloat("CHAOS_FAIL_RATE"), FailAfterSendRate: envFloat("CHAOS_FAIL_AFTER_SEND_RATE")}
 
 	var outMu sync.Mutex
@@ -135,65 +134,4 @@ func run() error {
 	c := relay.Counters()
 	log.Info("chaosrelay: stopped", "published", c.Published, "failed", c.Failed, "faults", fmt.Sprintf("%+v", faulty.Counts()))
 	return err
-}
-
-// publishConcurrency is how many aggregates one Publish sends at once.
-const publishConcurrency = 32
-
-// amqpConfig is the watermill-amqp topology of the chaos test: a durable
-// fanout exchange per topic and one durable queue per consumer and topic
-// (consumer.topic), which the test declares before the relays start.
-func amqpConfig(url, consumer string) wamqp.Config {
-	cfg := wamqp.NewDurablePubSubConfig(url, func(topic string) string { return consumer + "." + topic })
-	cfg.Connection.Reconnect = &wamqp.ReconnectConfig{
-		BackoffInitialInterval:     100 * time.Millisecond,
-		BackoffRandomizationFactor: 0.5,
-		BackoffMultiplier:          1.5,
-		BackoffMaxInterval:         500 * time.Millisecond,
-	}
-	return cfg
-}
-
-// byAggregate publishes the events of different aggregates in parallel,
-// one aggregate's events one after another, and none of an aggregate's
-// events after one of them failed.
-type byAggregate struct {
-	inner core.Publisher
-	conc  int
-}
-
-func (p byAggregate) Publish(ctx context.Context, events []core.Event) error {
-	var groups [][]int
-	byAgg := map[string]int{}
-	for i := range events {
-		g, ok := byAgg[events[i].AggregateID]
-		if !ok || events[i].AggregateID == "" {
-			g = len(groups)
-			byAgg[events[i].AggregateID] = g
-			groups = append(groups, nil)
-		}
-		groups[g] = append(groups[g], i)
-	}
-	be := core.NewBatchError(len(events))
-	sem := make(chan struct{}, p.conc)
-	var wg sync.WaitGroup
-	for _, g := range groups {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			var failed error
-			for _, i := range g {
-				if failed != nil {
-					be.Errs[i] = fmt.Errorf("not sent after an earlier failure: %w", failed)
-					continue
-				}
-				if err := p.inner.Publish(ctx, events[i:i+1]); err != nil {
-					be.Errs[i], failed = err, err
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return be.ErrOrNil()
 }
