@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/txoutbox/txoutbox/core"
 )
@@ -69,9 +70,11 @@ func ScanEvent(scan func(dest ...any) error) (core.Event, error) {
 	}
 	ev.Payload = json.RawMessage(payload)
 	if len(headers) > 0 && string(headers) != "{}" {
-		if err := json.Unmarshal(headers, &ev.Headers); err != nil {
+		h, err := decodeHeaders(headers)
+		if err != nil {
 			return core.Event{}, fmt.Errorf("txoutbox/dialect: headers of event %d: %w", ev.Seq, err)
 		}
+		ev.Headers = h
 	}
 	ev.CreatedAt = created.Time
 	ev.PublishedAt = published.ptr()
@@ -152,4 +155,89 @@ func secondsToDuration(s float64) time.Duration {
 		return time.Duration(math.MaxInt64)
 	}
 	return time.Duration(s * float64(time.Second))
+}
+
+// decodeHeaders decodes a JSON object of strings. Headers are read for every
+// claimed event and encoding/json's reflection was the relay's largest CPU
+// cost, so the plain case (no escapes, valid UTF-8) is parsed directly;
+// anything else goes to encoding/json, whose result is the reference.
+func decodeHeaders(b []byte) (map[string]string, error) {
+	if h, ok := decodeFlatObject(b); ok {
+		return h, nil
+	}
+	var h map[string]string
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func decodeFlatObject(b []byte) (map[string]string, bool) {
+	i := 0
+	ws := func() {
+		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+			i++
+		}
+	}
+	str := func() (string, bool) {
+		if i >= len(b) || b[i] != '"' {
+			return "", false
+		}
+		i++
+		start := i
+		for i < len(b) && b[i] != '"' {
+			if b[i] == '\\' || b[i] < 0x20 {
+				return "", false
+			}
+			i++
+		}
+		if i >= len(b) || !utf8.Valid(b[start:i]) {
+			return "", false
+		}
+		i++
+		return string(b[start : i-1]), true
+	}
+	ws()
+	if i >= len(b) || b[i] != '{' {
+		return nil, false
+	}
+	i++
+	h := map[string]string{}
+	ws()
+	if i < len(b) && b[i] == '}' {
+		i++
+		ws()
+		return h, i == len(b)
+	}
+	for {
+		ws()
+		k, ok := str()
+		if !ok {
+			return nil, false
+		}
+		ws()
+		if i >= len(b) || b[i] != ':' {
+			return nil, false
+		}
+		i++
+		ws()
+		v, ok := str()
+		if !ok {
+			return nil, false
+		}
+		h[k] = v // a repeated key keeps the last value, as encoding/json does
+		ws()
+		if i >= len(b) {
+			return nil, false
+		}
+		if b[i] == '}' {
+			i++
+			ws()
+			return h, i == len(b)
+		}
+		if b[i] != ',' {
+			return nil, false
+		}
+		i++
+	}
 }
