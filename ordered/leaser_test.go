@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/ordered"
 )
 
@@ -251,5 +252,48 @@ func TestLeaserPartitionCountMismatch(t *testing.T) {
 	}
 	if _, err := ordered.NewLeaser(db, dialect.Postgres, ordered.LeaserOptions{LeaseTTL: time.Second, RenewInterval: 2 * time.Second}); !errors.Is(err, ordered.ErrInvalidOptions) {
 		t.Fatalf("RenewInterval above LeaseTTL: %v, want ErrInvalidOptions", err)
+	}
+}
+
+// A schema-qualified outbox gets its lease tables in its schema, and its
+// own relay group.
+func TestLeaserAndStoreInASchema(t *testing.T) {
+	db := testenv.OpenPostgres(t)
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA app"); err != nil {
+		t.Fatal(err)
+	}
+	opts := dialect.MigrateOptions{Table: "app.events", SkipInbox: true, Logger: testLogger(t)}
+	if err := dialect.Migrate(ctx, db, dialect.Postgres, opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialect.MigrateOrdered(ctx, db, dialect.Postgres, opts); err != nil {
+		t.Fatal(err)
+	}
+	l, err := ordered.NewLeaser(db, dialect.Postgres, ordered.LeaserOptions{Table: "app.events", PartitionCount: 4, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tick(t, l)
+	if len(l.Held()) != 4 {
+		t.Fatalf("held %v, want 4 partitions", l.Held())
+	}
+	var group string
+	if err := db.QueryRowContext(ctx, "SELECT DISTINCT relay_group FROM app.txoutbox_leases").Scan(&group); err != nil {
+		t.Fatal(err)
+	}
+	if group != "app.events" {
+		t.Fatalf("relay group %q, want app.events", group)
+	}
+	s, err := ordered.NewStore(db, dialect.Postgres, ordered.StoreOptions{Table: "app.events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := claim(t, s, core.ClaimRequest{Limit: 10, Ordered: &core.OrderedClaim{Partitions: l.Held(), PartitionCount: 4}})
+	if err := c.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

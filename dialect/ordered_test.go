@@ -1,0 +1,124 @@
+package dialect_test
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+)
+
+func TestOrderedClaimPlaceholdersMatchArgs(t *testing.T) {
+	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.SQLite} {
+		q, err := d.Queries("app.events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, policy := range []core.DeadLetterPolicy{core.DeadLetterBlock, core.DeadLetterSkip} {
+			query, args := q.ClaimOrdered(core.OrderedClaim{Partitions: []int{1, 5}, PartitionCount: 8, DeadLetter: policy}, 10, time.Minute)
+			if n := countPlaceholders(d, query); n != len(args) {
+				t.Errorf("%s/%s: %d placeholders, %d args: %s", d, policy, n, len(args), query)
+			}
+			if !strings.Contains(query, `"app"."events"`) {
+				t.Errorf("%s: claim does not name the qualified table: %s", d, query)
+			}
+			dead := strings.Contains(query, "dead_at IS NOT NULL OR")
+			if dead != (policy == core.DeadLetterBlock) {
+				t.Errorf("%s/%s: dead events block = %v: %s", d, policy, dead, query)
+			}
+		}
+	}
+	q, _ := dialect.Postgres.Queries("")
+	query, args := q.LockPartitions([]int{3, 4})
+	if countPlaceholders(dialect.Postgres, query) != len(args) || args[0] != "{3,4}" || args[1] != q.PartitionLockKey() {
+		t.Errorf("LockPartitions = %s %v", query, args)
+	}
+	other, _ := dialect.Postgres.Queries("other_events")
+	if q.PartitionLockKey() == other.PartitionLockKey() {
+		t.Error("two tables share the partition lock key")
+	}
+	sq, _ := dialect.SQLite.Queries("")
+	if query, _ := sq.LockPartitions([]int{1}); query != "" {
+		t.Errorf("SQLite LockPartitions = %q, want none", query)
+	}
+	if _, err := sq.Leases(); !errors.Is(err, dialect.ErrUnsupported) {
+		t.Errorf("SQLite Leases: %v, want ErrUnsupported", err)
+	}
+	if _, _, err := sq.PartitionOf(1, 8); !errors.Is(err, dialect.ErrUnsupported) {
+		t.Errorf("SQLite PartitionOf: %v, want ErrUnsupported", err)
+	}
+}
+
+func TestLeaseQueriesPlaceholdersMatchArgs(t *testing.T) {
+	q, _ := dialect.Postgres.Queries("app.events")
+	l, err := q.Leases()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Group() != "app.events" {
+		t.Errorf("group %q, want app.events", l.Group())
+	}
+	check := func(name, query string, args []any) {
+		t.Helper()
+		if n := countPlaceholders(dialect.Postgres, query); n != len(args) {
+			t.Errorf("%s: %d placeholders, %d args: %s", name, n, len(args), query)
+		}
+		if !strings.Contains(query, `"app"."txoutbox_`) {
+			t.Errorf("%s: not in the outbox's schema: %s", name, query)
+		}
+	}
+	s, a := l.PartitionCount()
+	check("PartitionCount", s, a)
+	s, a = l.CreatePartitions(8)
+	check("CreatePartitions", s, a)
+	s, a = l.Heartbeat("me", time.Second)
+	check("Heartbeat", s, a)
+	s, a = l.LiveRelays()
+	check("LiveRelays", s, a)
+	s, a = l.PruneRelays(time.Minute)
+	check("PruneRelays", s, a)
+	s, a = l.Leave("me")
+	check("Leave", s, a)
+	s, a = l.Renew("me", time.Second)
+	check("Renew", s, a)
+	s, a = l.Acquire("me", time.Second, 3)
+	check("Acquire", s, a)
+	s, a = l.Release("me", nil)
+	check("Release all", s, a)
+	s, a = l.Release("me", []int{1})
+	check("Release some", s, a)
+	s, a = l.List()
+	check("List", s, a)
+}
+
+func TestOrderedMigrationsRender(t *testing.T) {
+	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.SQLite} {
+		ms, err := dialect.OrderedMigrations(d, dialect.MigrateOptions{Table: "app.events"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ms) == 0 || ms[0].Component != dialect.ComponentOrdered || ms[0].Table != "app.events" || ms[0].Version != 1 {
+			t.Fatalf("%s: migrations %+v", d, ms)
+		}
+		if strings.Contains(ms[0].SQL, "{{") || !strings.Contains(ms[0].SQL, "events_ordered_due") {
+			t.Errorf("%s: rendered SQL %s", d, ms[0].SQL)
+		}
+	}
+	if _, err := dialect.OrderedMigrations(dialect.Postgres, dialect.MigrateOptions{Table: "bad;name"}); !errors.Is(err, dialect.ErrInvalidIdentifier) {
+		t.Errorf("bad table name: %v, want ErrInvalidIdentifier", err)
+	}
+}
+
+func countPlaceholders(d dialect.Dialect, query string) int {
+	if d == dialect.SQLite {
+		return strings.Count(query, "?")
+	}
+	n := 0
+	for i := 1; strings.Contains(query, "$"+strconv.Itoa(i)); i++ {
+		n = i
+	}
+	return n
+}
