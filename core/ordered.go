@@ -146,10 +146,11 @@ type PartitionLeaser interface {
 
 // OrderedOptions configures ordered mode.
 type OrderedOptions struct {
-	// Leaser shares partitions with other relays. Without one, the relay
-	// claims from every partition; several relays without leasers are
-	// still ordered (partitions are never served by two open claims) but
-	// contend for every partition.
+	// Leaser shares partitions with other relays; Relay.Run runs it (do
+	// not run it yourself). Without one, the relay claims from every
+	// partition; several relays without leasers are still ordered
+	// (partitions are never served by two open claims) but contend for
+	// every partition.
 	Leaser PartitionLeaser
 	// PartitionCount is used without a Leaser. Default
 	// DefaultPartitionCount; with a Leaser it must be zero or equal the
