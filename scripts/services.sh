@@ -151,7 +151,7 @@ write_env() {
 	cat >"$SVC/env" <<ENV
 export TXOUTBOX_PG_DSN='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
 export TXOUTBOX_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
-export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n '
+export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBIT_NODE'
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'
 export TXOUTBOX_RABBITMQ_ENV='RABBITMQ_NODENAME=$RABBIT_NODE RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$AMQP_PORT RABBITMQ_DIST_PORT=$AMQP_DIST_PORT RABBITMQ_MNESIA_BASE=$SVC/rabbitmq/mnesia RABBITMQ_LOG_BASE=$SVC/rabbitmq/log RABBITMQ_ENABLED_PLUGINS_FILE=$SVC/rabbitmq/enabled_plugins RABBITMQ_CONFIG_FILE=$SVC/rabbitmq/rabbitmq'
 ENV
