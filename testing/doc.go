@@ -11,7 +11,11 @@
 // RunStore proves a core.Store (with its Stats and Cleaner); RunPublisher
 // proves a broker's core.Publisher against a subscriber reading from the same
 // broker; RunEndToEnd drives the real core.Relay from a store through a
-// broker, including a broker outage when the fixture can cause one.
+// broker; RunOutage takes the broker down and proves nothing is lost.
+// RunInbox proves a core.Inbox, and RunExactlyOnce runs producer, outbox,
+// relay (through a Faulty publisher that also duplicates), broker and inbox
+// together, checking that every committed event takes effect exactly once
+// in the consumer's own table and no rolled-back event ever does.
 //
 // The fault injectors (Faulty, Recorder) are for users' own tests too: a
 // publisher that refuses a fraction of events, reports failure after the
