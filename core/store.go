@@ -10,6 +10,11 @@ import (
 // already been committed or released.
 var ErrClaimDone = errors.New("txoutbox: claim already committed or released")
 
+// ErrInvalidOutcome is returned (wrapped) by a Claim's Commit for an outcome
+// that names an event the claim does not hold, or one event twice. The
+// claim is released.
+var ErrInvalidOutcome = errors.New("txoutbox: invalid outcome")
+
 // ErrEventNotFound is returned (wrapped) by stores asked for an event they do
 // not hold.
 var ErrEventNotFound = errors.New("txoutbox: event not found")

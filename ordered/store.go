@@ -17,9 +17,11 @@ import (
 // ErrInvalidOptions is wrapped by errors that reject a configuration.
 var ErrInvalidOptions = errors.New("txoutbox/ordered: invalid options")
 
-// ErrInvalidOutcome is returned by a claim's Commit for an outcome that names
-// an event twice or one the claim does not hold. The claim is released.
-var ErrInvalidOutcome = errors.New("txoutbox/ordered: invalid outcome")
+// ErrInvalidOutcome is returned (wrapped) by a claim's Commit for an outcome
+// that names an event twice or one the claim does not hold. The claim is
+// released. It is core.ErrInvalidOutcome, so either name works with
+// errors.Is.
+var ErrInvalidOutcome = core.ErrInvalidOutcome
 
 // DefaultClaimLease is the default lease of a claim on SQLite.
 const DefaultClaimLease = time.Minute

@@ -62,9 +62,11 @@ import (
 // matches. It is core.ErrEventNotFound, so either name works with errors.Is.
 var ErrNotFound = core.ErrEventNotFound
 
-// ErrInvalidOutcome is returned by a claim's Commit for an outcome that names
-// an event twice or one the claim does not hold. The claim is released.
-var ErrInvalidOutcome = errors.New("txoutbox/sqlx: invalid outcome")
+// ErrInvalidOutcome is returned (wrapped) by a claim's Commit for an outcome
+// that names an event twice or one the claim does not hold. The claim is
+// released. It is core.ErrInvalidOutcome, so either name works with
+// errors.Is.
+var ErrInvalidOutcome = core.ErrInvalidOutcome
 
 // DefaultClaimLease is the default lease of a claim on SQLite.
 const DefaultClaimLease = time.Minute
