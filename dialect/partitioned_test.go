@@ -13,6 +13,7 @@ import (
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -55,47 +56,13 @@ func dayName(table string, daysFromToday int) string {
 func TestPartitionedOutboxConformance(t *testing.T) {
 	t.Parallel()
 	outboxtest.RunStore(t, func(t *testing.T) *outboxtest.StoreFixture {
-		db := sqlx.NewDb(partitionedDB(t, dialect.PartitionOptions{Ahead: 2}), "pgx")
-		ctx := context.Background()
-		if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER NOT NULL)"); err != nil {
-			t.Fatal(err)
-		}
-		box, err := sqlxoutbox.New(db, sqlxoutbox.Options{Logger: quiet})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &outboxtest.StoreFixture{
-			Store: box,
-			Enqueue: func(ctx context.Context, evs []core.Event, commit bool) error {
-				tx, err := db.BeginTxx(ctx, nil)
-				if err != nil {
-					return err
-				}
-				defer tx.Rollback()
-				if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, total) VALUES ($1, $2)", evs[0].ID, len(evs)); err != nil {
-					return err
-				}
-				if err := box.Enqueue(ctx, tx, evs...); err != nil {
-					return err
-				}
-				if !commit {
-					return tx.Rollback()
-				}
-				return tx.Commit()
-			},
-			Get: box.Get,
-			// Moving created_at back moves the row to an older partition
-			// (here the DEFAULT one): PostgreSQL moves rows on UPDATE.
-			Backdate: func(ctx context.Context, id string, age time.Duration) error {
-				_, err := db.ExecContext(ctx, "UPDATE outbox_events SET created_at = created_at - $1 * interval '1 microsecond',"+
-					" published_at = published_at - $1 * interval '1 microsecond', dead_at = dead_at - $1 * interval '1 microsecond'"+
-					" WHERE event_id = $2", age.Microseconds(), id)
-				return err
-			},
-			Stats:            box,
-			Cleaner:          box,
-			ConcurrentClaims: true,
-		}
+		// Backdate moves created_at back, which moves the row to an older
+		// partition (here the DEFAULT one): PostgreSQL moves rows on UPDATE.
+		return fixtures.SQLXPostgres(t, fixtures.Options{
+			Logger:       quiet,
+			OrdersColumn: "total",
+			Partitioned:  &dialect.PartitionOptions{Ahead: 2},
+		})
 	})
 }
 

@@ -1,19 +1,15 @@
 package inbox_test
 
 import (
-	"context"
 	"log/slog"
-	"path/filepath"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
-	"github.com/jmoiron/sqlx"
 
-	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -24,57 +20,13 @@ var quiet = slog.New(slog.DiscardHandler)
 // outbox on a fresh PostgreSQL database, next to an orders table that each
 // producer transaction writes too.
 func newProducer(t *testing.T) *outboxtest.StoreFixture {
-	return newProducerOn(t, sqlx.NewDb(testenv.OpenPostgres(t), "pgx"), dialect.Postgres)
+	return fixtures.SQLXPostgres(t, fixtures.Options{SkipInbox: true, Logger: quiet})
 }
 
 // newSQLiteProducer is newProducer on SQLite, opened as sqlxoutbox
 // recommends (BEGIN IMMEDIATE, so that producers queue for the lock).
 func newSQLiteProducer(t *testing.T) *outboxtest.StoreFixture {
-	db, err := sqlx.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "outbox.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return newProducerOn(t, db, dialect.SQLite)
-}
-
-func newProducerOn(t *testing.T, db *sqlx.DB, d dialect.Dialect) *outboxtest.StoreFixture {
-	t.Helper()
-	ctx := t.Context()
-	if err := dialect.Migrate(ctx, db.DB, d, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id TEXT PRIMARY KEY, events INTEGER NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	box, err := sqlxoutbox.New(db, sqlxoutbox.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &outboxtest.StoreFixture{
-		Store: box,
-		Enqueue: func(ctx context.Context, evs []core.Event, commit bool) error {
-			tx, err := db.BeginTxx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback()
-			if _, err := tx.ExecContext(ctx, db.Rebind(`INSERT INTO orders (id, events) VALUES (?, ?)`), evs[0].ID, len(evs)); err != nil {
-				return err
-			}
-			if err := box.Enqueue(ctx, tx, evs...); err != nil {
-				return err
-			}
-			if !commit {
-				return tx.Rollback()
-			}
-			return tx.Commit()
-		},
-		Get:              box.Get,
-		Stats:            box,
-		Cleaner:          box,
-		ConcurrentClaims: true,
-	}
+	return fixtures.SQLXSQLite(t, fixtures.Options{SkipInbox: true, Logger: quiet})
 }
 
 // newConsumer is the consumer side: the inbox on its own PostgreSQL

@@ -15,6 +15,7 @@ import (
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
@@ -36,20 +37,9 @@ var backends = []backend{
 	}},
 }
 
-// sqliteDSN is the recommended way to open SQLite for the outbox (see the
-// package documentation).
-func sqliteDSN(path string) string {
-	return "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
-}
-
 func openSQLite(t testing.TB, path string) *sqlx.DB {
 	t.Helper()
-	db, err := sqlx.Open("sqlite", sqliteDSN(path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
+	return fixtures.OpenSQLite(t, path)
 }
 
 // env is one migrated database with an Outbox and an orders table, the
@@ -58,6 +48,7 @@ type env struct {
 	b   backend
 	db  *sqlx.DB
 	box *sqlxoutbox.Outbox
+	s   *fixtures.SQLX
 }
 
 func forEach(t *testing.T, fn func(t *testing.T, e *env)) {
@@ -73,25 +64,11 @@ func forEach(t *testing.T, fn func(t *testing.T, e *env)) {
 
 func newEnv(t testing.TB, b backend, opts sqlxoutbox.Options) *env {
 	t.Helper()
-	ctx := context.Background()
-	db := b.open(t)
-	if err := dialect.Migrate(ctx, db.DB, b.d, dialect.MigrateOptions{Table: opts.Table, Logger: quiet}); err != nil {
-		t.Fatalf("migrate: %v", err)
+	s := fixtures.NewSQLX(t, b.open(t), b.d, fixtures.Options{Logger: quiet, OrdersColumn: "total", Store: opts})
+	if s.Box.Dialect() != b.d {
+		t.Fatalf("detected dialect %v, want %v", s.Box.Dialect(), b.d)
 	}
-	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	if opts.Logger == nil {
-		opts.Logger = quiet
-	}
-	box, err := sqlxoutbox.New(db, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if box.Dialect() != b.d {
-		t.Fatalf("detected dialect %v, want %v", box.Dialect(), b.d)
-	}
-	return &env{b: b, db: db, box: box}
+	return &env{b: b, db: s.DB, box: s.Box, s: s}
 }
 
 // enqueue writes one order row and its events in one transaction, and
@@ -157,29 +134,7 @@ func (e *env) get(t testing.TB, id string) core.Event {
 // backdate moves an event's timestamps back by age, to test retention and
 // lag without waiting.
 func (e *env) backdate(ctx context.Context, id string, age time.Duration) error {
-	var query string
-	var args []any
-	switch e.b.d {
-	case dialect.Postgres:
-		query = "UPDATE outbox_events SET created_at = created_at - $1 * interval '1 microsecond'," +
-			" published_at = published_at - $1 * interval '1 microsecond', dead_at = dead_at - $1 * interval '1 microsecond'" +
-			" WHERE event_id = $2"
-		args = []any{age.Microseconds(), id}
-	default:
-		mod := fmt.Sprintf("-%.3f seconds", age.Seconds())
-		query = "UPDATE outbox_events SET created_at = strftime('%Y-%m-%dT%H:%M:%fZ', created_at, ?1)," +
-			" published_at = strftime('%Y-%m-%dT%H:%M:%fZ', published_at, ?1), dead_at = strftime('%Y-%m-%dT%H:%M:%fZ', dead_at, ?1)" +
-			" WHERE event_id = ?2"
-		args = []any{mod, id}
-	}
-	res, err := e.db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return err
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("backdate %s: %d rows", id, n)
-	}
-	return nil
+	return e.s.Backdate(ctx, id, age)
 }
 
 func seqsOf(evs []core.Event) []int64 {
