@@ -1,15 +1,10 @@
 package amqpbroker_test
 
 import (
-	"context"
 	"testing"
 
-	"github.com/jmoiron/sqlx"
-
-	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
-	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -18,40 +13,7 @@ import (
 // table that producers write next to their events.
 func newStore(t *testing.T) *outboxtest.StoreFixture {
 	t.Helper()
-	ctx := context.Background()
-	db := sqlx.NewDb(testenv.OpenPostgres(t), "pgx")
-	if err := dialect.Migrate(ctx, db.DB, dialect.Postgres, dialect.MigrateOptions{Logger: quiet}); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	db.MustExec("CREATE TABLE orders (id TEXT PRIMARY KEY, events INTEGER NOT NULL)")
-	box, err := sqlxoutbox.New(db, sqlxoutbox.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &outboxtest.StoreFixture{
-		Store: box,
-		Enqueue: func(ctx context.Context, evs []core.Event, commit bool) error {
-			tx, err := db.BeginTxx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback()
-			if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, events) VALUES ($1, $2)", evs[0].ID, len(evs)); err != nil {
-				return err
-			}
-			if err := box.Enqueue(ctx, tx, evs...); err != nil {
-				return err
-			}
-			if !commit {
-				return tx.Rollback()
-			}
-			return tx.Commit()
-		},
-		Get:              box.Get,
-		Stats:            box,
-		Cleaner:          box,
-		ConcurrentClaims: true,
-	}
+	return fixtures.SQLXPostgres(t, fixtures.Options{Logger: quiet})
 }
 
 // newBroker is a publisher and a subscriber on the test RabbitMQ, able to
