@@ -56,6 +56,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/sqlclaim"
 )
 
 // ErrNotFound is returned (wrapped) by Get and GetBySeq when no event
@@ -121,7 +122,8 @@ type Outbox struct {
 	d    dialect.Dialect
 	q    *dialect.Queries
 	opts Options
-	log  *slog.Logger
+	// claims opens and finishes the relay's claims (claim.go).
+	claims *sqlclaim.Claimer
 }
 
 var (
@@ -171,7 +173,10 @@ func NewDB(db *sql.DB, opts Options) (*Outbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Outbox{db: db, d: opts.Dialect, q: q, opts: opts, log: opts.Logger}, nil
+	return &Outbox{
+		db: db, d: opts.Dialect, q: q, opts: opts,
+		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "txoutbox/sqlx"},
+	}, nil
 }
 
 // detect tells the dialect from the package of the driver's type, which is

@@ -1,0 +1,295 @@
+// Package sqlclaim holds the claims of txoutbox's database/sql stores
+// (sqlxoutbox and ordered): opening one, checking an outcome against it,
+// recording the outcome and releasing it, on PostgreSQL (a transaction
+// holding row locks) and SQLite (rows stamped with a lease). The SQL comes
+// from package dialect.
+package sqlclaim
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+)
+
+// Execer is what Mark writes through: *sql.Tx, or the caller's transaction.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Claimer opens and finishes the claims of one outbox table.
+type Claimer struct {
+	DB  *sql.DB
+	Q   *dialect.Queries
+	Log *slog.Logger
+	// Prefix starts the error and log messages, for example
+	// "txoutbox/sqlx".
+	Prefix string
+}
+
+// Begin opens the transaction of a PostgreSQL claim. It survives a
+// cancelled ctx: the relay finishes a batch in flight after shutdown
+// begins, and database/sql would roll back a transaction whose BeginTx
+// context ends.
+func (c *Claimer) Begin(ctx context.Context) (*sql.Tx, error) {
+	tx, err := c.DB.BeginTx(context.WithoutCancel(ctx), nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: claim: begin: %w", c.Prefix, err)
+	}
+	return tx, nil
+}
+
+// Rollback rolls tx back, logging a failure.
+func (c *Claimer) Rollback(tx *sql.Tx) {
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		c.Log.Warn(c.Prefix+": rollback failed", "error", err)
+	}
+}
+
+// Empty returns a claim of no events.
+func (c *Claimer) Empty() core.Claim {
+	return &lockClaim{base: newBase(nil), c: c}
+}
+
+// QueryLocked runs the claim query on tx, which Begin opened, and returns
+// the claim holding tx. On an error, or when nothing was claimed, it rolls
+// tx back.
+func (c *Claimer) QueryLocked(ctx context.Context, tx *sql.Tx, query string, args []any) (core.Claim, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		c.Rollback(tx)
+		return nil, fmt.Errorf("%s: claim: %w", c.Prefix, err)
+	}
+	evs, err := dialect.CollectEvents(rows)
+	if err != nil {
+		c.Rollback(tx)
+		return nil, fmt.Errorf("%s: claim: %w", c.Prefix, err)
+	}
+	if len(evs) == 0 {
+		// Nothing to hold: give the connection back at once.
+		c.Rollback(tx)
+		return c.Empty(), nil
+	}
+	return &lockClaim{base: newBase(evs), c: c, tx: tx}, nil
+}
+
+// QueryLeased runs a SQLite claim query, which stamps the lease, and returns
+// the claim of the events, put in order by sort.
+func (c *Claimer) QueryLeased(ctx context.Context, query string, args []any, sort func([]core.Event)) (core.Claim, error) {
+	rows, err := c.DB.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: claim: %w", c.Prefix, err)
+	}
+	evs, err := dialect.CollectEvents(rows)
+	if err != nil {
+		// The lease, if it was taken, expires on its own.
+		return nil, fmt.Errorf("%s: claim: %w", c.Prefix, err)
+	}
+	sort(evs)
+	return &leaseClaim{base: newBase(evs), c: c}, nil
+}
+
+// Mark runs the outcome's UPDATEs on tx: one for every published event and,
+// only when some failed, one for every failure.
+func (c *Claimer) Mark(ctx context.Context, tx Execer, out core.Outcome) error {
+	if len(out.Published) > 0 {
+		query, args := c.Q.MarkPublished(out.Published)
+		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+			return fmt.Errorf("%s: mark %d published: %w", c.Prefix, len(out.Published), err)
+		}
+	}
+	if len(out.Failed) > 0 {
+		query, args, err := c.Q.MarkFailed(out.Failed)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+			return fmt.Errorf("%s: mark %d failed: %w", c.Prefix, len(out.Failed), err)
+		}
+	}
+	return nil
+}
+
+// base is what both kinds of claim share: the events, the once-only guard,
+// and the check of an outcome against the claim.
+type base struct {
+	events []core.Event
+	seqs   map[int64]bool
+	done   atomic.Bool
+}
+
+func newBase(evs []core.Event) base {
+	seqs := make(map[int64]bool, len(evs))
+	for i := range evs {
+		seqs[evs[i].Seq] = true
+	}
+	return base{events: evs, seqs: seqs}
+}
+
+// Events implements core.Claim.
+func (b *base) Events() []core.Event { return b.events }
+
+// finish marks the claim done, or reports that it already was.
+func (b *base) finish() error {
+	if !b.done.CompareAndSwap(false, true) {
+		return core.ErrClaimDone
+	}
+	return nil
+}
+
+// check validates out against the claim and returns the claimed seqs it
+// does not mention.
+func (b *base) check(out core.Outcome) (unmentioned []int64, err error) {
+	seen := make(map[int64]bool, len(out.Published)+len(out.Failed))
+	mark := func(seq int64) error {
+		if !b.seqs[seq] {
+			return fmt.Errorf("%w: event %d is not in the claim", core.ErrInvalidOutcome, seq)
+		}
+		if seen[seq] {
+			return fmt.Errorf("%w: event %d appears twice", core.ErrInvalidOutcome, seq)
+		}
+		seen[seq] = true
+		return nil
+	}
+	for _, seq := range out.Published {
+		if err := mark(seq); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range out.Failed {
+		if err := mark(f.Seq); err != nil {
+			return nil, err
+		}
+	}
+	for i := range b.events {
+		if seq := b.events[i].Seq; !seen[seq] {
+			unmentioned = append(unmentioned, seq)
+		}
+	}
+	return unmentioned, nil
+}
+
+func (b *base) all() []int64 {
+	seqs := make([]int64, len(b.events))
+	for i := range b.events {
+		seqs[i] = b.events[i].Seq
+	}
+	return seqs
+}
+
+// lockClaim is a PostgreSQL claim: a transaction holding row locks (and
+// whatever else the store took in it, such as advisory locks).
+type lockClaim struct {
+	base
+	c  *Claimer
+	tx *sql.Tx // nil for an empty claim
+}
+
+// Commit records out with at most two UPDATEs (published, failed) and
+// commits; unmentioned events are released by the commit.
+func (l *lockClaim) Commit(ctx context.Context, out core.Outcome) (err error) {
+	if err := l.finish(); err != nil {
+		return err
+	}
+	if l.tx == nil {
+		return nil
+	}
+	defer func() {
+		if err != nil {
+			l.c.Rollback(l.tx)
+		}
+	}()
+	if _, err := l.check(out); err != nil {
+		return err
+	}
+	if err := l.c.Mark(ctx, l.tx, out); err != nil {
+		return err
+	}
+	if err := l.tx.Commit(); err != nil {
+		return fmt.Errorf("%s: commit claim: %w", l.c.Prefix, err)
+	}
+	return nil
+}
+
+// Release rolls the claim's transaction back.
+func (l *lockClaim) Release(ctx context.Context) error {
+	if err := l.finish(); err != nil {
+		return err
+	}
+	if l.tx == nil {
+		return nil
+	}
+	if err := l.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("%s: release claim: %w", l.c.Prefix, err)
+	}
+	return nil
+}
+
+// leaseClaim is a SQLite claim: rows stamped with claimed_until.
+type leaseClaim struct {
+	base
+	c *Claimer
+}
+
+// Commit records out and lifts the lease of every claimed event in one
+// short transaction.
+func (l *leaseClaim) Commit(ctx context.Context, out core.Outcome) error {
+	if err := l.finish(); err != nil {
+		return err
+	}
+	if len(l.events) == 0 {
+		return nil
+	}
+	unmentioned, err := l.check(out)
+	if err != nil {
+		_ = l.release(context.WithoutCancel(ctx), l.all())
+		return err
+	}
+	tx, err := l.c.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("%s: commit claim: begin: %w", l.c.Prefix, err)
+	}
+	if err := l.c.Mark(ctx, tx, out); err != nil {
+		l.c.Rollback(tx)
+		return err
+	}
+	if len(unmentioned) > 0 {
+		query, args := l.c.Q.ReleaseLease(unmentioned)
+		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+			l.c.Rollback(tx)
+			return fmt.Errorf("%s: release %d unmentioned events: %w", l.c.Prefix, len(unmentioned), err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("%s: commit claim: %w", l.c.Prefix, err)
+	}
+	return nil
+}
+
+// Release lifts the lease, so the events are claimable at once.
+func (l *leaseClaim) Release(ctx context.Context) error {
+	if err := l.finish(); err != nil {
+		return err
+	}
+	if len(l.events) == 0 {
+		return nil
+	}
+	return l.release(ctx, l.all())
+}
+
+func (l *leaseClaim) release(ctx context.Context, seqs []int64) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	query, args := l.c.Q.ReleaseLease(seqs)
+	if _, err := l.c.DB.ExecContext(ctx, query, args...); err != nil {
+		// Not fatal: the lease expires on its own.
+		return fmt.Errorf("%s: release claim (its lease will expire): %w", l.c.Prefix, err)
+	}
+	return nil
+}
