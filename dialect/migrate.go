@@ -161,11 +161,18 @@ func (d Dialect) render(component string, id Identifier) ([]Migration, error) {
 // transaction that first takes a lock (pg_advisory_xact_lock on PostgreSQL,
 // BEGIN IMMEDIATE on SQLite), so a second caller waits and then finds
 // nothing left to do. A failing migration rolls back all of them.
-func Migrate(ctx context.Context, db *sql.DB, d Dialect, opts MigrateOptions) (err error) {
+func Migrate(ctx context.Context, db *sql.DB, d Dialect, opts MigrateOptions) error {
 	ms, err := Migrations(d, opts)
 	if err != nil {
 		return err
 	}
+	return d.applyMigrations(ctx, db, ms, opts)
+}
+
+// applyMigrations applies those of ms not yet recorded in the migrations
+// table, in one transaction, serialized across processes, and records them:
+// the work of Migrate and MigrateOrdered.
+func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration, opts MigrateOptions) (err error) {
 	if opts.MigrationsTable == "" {
 		opts.MigrationsTable = DefaultMigrationsTable
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -60,84 +59,6 @@ func MigrateOrdered(ctx context.Context, db *sql.DB, d Dialect, opts MigrateOpti
 		return err
 	}
 	return d.applyMigrations(ctx, db, ms, opts)
-}
-
-// applyMigrations is Migrate's transaction for a list of migrations.
-// TODO(ordering): Migrate could call it too; it is separate because the
-// file is another engineer's.
-func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration, opts MigrateOptions) (err error) {
-	if opts.MigrationsTable == "" {
-		opts.MigrationsTable = DefaultMigrationsTable
-	}
-	mid, err := ValidateIdentifier(opts.MigrationsTable)
-	if err != nil {
-		return err
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: %w", err)
-	}
-	defer conn.Close()
-	begin := "BEGIN"
-	if d.kind == kindSQLite {
-		begin = "BEGIN IMMEDIATE" // see Migrate
-	}
-	if _, err := conn.ExecContext(ctx, begin); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: begin: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("txoutbox/dialect: migrate: rollback: %w", rerr))
-			}
-		}
-	}()
-	if d.kind == kindPostgres {
-		if _, err := conn.ExecContext(ctx, d.rebind("SELECT pg_advisory_xact_lock(?)"), pgMigrateLockKey); err != nil {
-			return fmt.Errorf("txoutbox/dialect: migrate: lock: %w", err)
-		}
-	}
-	mt := d.qualified(mid)
-	ts, now := "TIMESTAMPTZ", "now()"
-	if d.kind == kindSQLite {
-		ts, now = "TEXT", "("+sqliteNow+")"
-	}
-	if _, err := conn.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+mt+" ("+
-		"component TEXT NOT NULL, table_name TEXT NOT NULL, version INTEGER NOT NULL, name TEXT NOT NULL, "+
-		"applied_at "+ts+" NOT NULL DEFAULT "+now+", PRIMARY KEY (component, table_name, version))"); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: create %s: %w", mid, err)
-	}
-	exists := d.rebind("SELECT count(*) FROM " + mt + " WHERE component = ? AND table_name = ? AND version = ?")
-	record := d.rebind("INSERT INTO " + mt + " (component, table_name, version, name) VALUES (?, ?, ?, ?)")
-	var done []Migration
-	for _, m := range ms {
-		var n int
-		if err := conn.QueryRowContext(ctx, exists, m.Component, m.Table, m.Version).Scan(&n); err != nil {
-			return fmt.Errorf("txoutbox/dialect: migrate: read %s: %w", mid, err)
-		}
-		if n > 0 {
-			continue
-		}
-		if _, err := conn.ExecContext(ctx, m.SQL); err != nil {
-			return fmt.Errorf("txoutbox/dialect: migration %s %04d_%s on %s: %w", m.Component, m.Version, m.Name, m.Table, err)
-		}
-		if _, err := conn.ExecContext(ctx, record, m.Component, m.Table, m.Version, m.Name); err != nil {
-			return fmt.Errorf("txoutbox/dialect: record migration %s %d: %w", m.Component, m.Version, err)
-		}
-		done = append(done, m)
-	}
-	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: commit: %w", err)
-	}
-	for _, m := range done {
-		log.Info("txoutbox: applied migration", "dialect", d.Name(), "component", m.Component,
-			"table", m.Table, "version", m.Version, "name", m.Name)
-	}
-	return nil
 }
 
 // partitionExpr is the SQL of an event row's partition, with two bind
