@@ -260,7 +260,7 @@ func result(err error) string {
 // relay records, not from here: a publish whose outcome is never recorded
 // (shutdown cut it off, or the mark failed) is published again.
 func (m *Metrics) Publisher(p core.Publisher) core.Publisher {
-	return forwardPublisher(p, core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
+	return core.DecoratePublisher(p, core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
 		start := time.Now()
 		err := p.Publish(ctx, events)
 		m.publishDuration.WithLabelValues(result(err)).Observe(time.Since(start).Seconds())
@@ -272,7 +272,7 @@ func (m *Metrics) Publisher(p core.Publisher) core.Publisher {
 // counters. The result implements the optional interfaces of s that the relay
 // asserts (core.ConcurrencyLimiter, core.OrderedStore).
 func (m *Metrics) Store(s core.Store) core.Store {
-	return forwardStore(s, &store{inner: s, m: m})
+	return core.DecorateStore(s, &store{inner: s, m: m})
 }
 
 type store struct {
@@ -347,47 +347,4 @@ func (c *claim) Commit(ctx context.Context, out core.Outcome) error {
 		}
 	}
 	return nil
-}
-
-// orderedClaims is the method of core.OrderedStore beyond Store.
-type orderedClaims interface{ OrderedClaims() bool }
-
-// forwardStore returns d, the decorator of inner, with the optional
-// interfaces of inner that the relay looks for by type assertion, so that
-// decorating a store never changes how the relay runs it (its concurrency
-// cap, ordered mode).
-func forwardStore(inner, d core.Store) core.Store {
-	l, isL := inner.(core.ConcurrencyLimiter)
-	o, isO := inner.(core.OrderedStore)
-	switch {
-	case isL && isO:
-		return struct {
-			core.Store
-			core.ConcurrencyLimiter
-			orderedClaims
-		}{d, l, o}
-	case isL:
-		return struct {
-			core.Store
-			core.ConcurrencyLimiter
-		}{d, l}
-	case isO:
-		return struct {
-			core.Store
-			orderedClaims
-		}{d, o}
-	}
-	return d
-}
-
-// forwardPublisher returns d, the decorator of inner, with inner's
-// core.OrderingPublisher, which the relay's OrderingAuto looks for.
-func forwardPublisher(inner, d core.Publisher) core.Publisher {
-	if op, ok := inner.(core.OrderingPublisher); ok {
-		return struct {
-			core.Publisher
-			core.OrderingPublisher
-		}{d, op}
-	}
-	return d
 }

@@ -200,7 +200,7 @@ func fail(span trace.Span, err error) {
 // own headers are passed on unchanged, so consumers continue the producer's
 // trace. Events that failed are recorded as span events with their error.
 func (t *Tracing) Publisher(p core.Publisher) core.Publisher {
-	return forwardPublisher(p, core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
+	return core.DecoratePublisher(p, core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
 		links := make([]trace.Link, 0, min(len(events), MaxLinks))
 		for i := range events {
 			if len(links) == MaxLinks {
@@ -252,7 +252,7 @@ func (t *Tracing) Publisher(p core.Publisher) core.Publisher {
 // span with the error. The result implements the optional interfaces of s that
 // the relay asserts (core.ConcurrencyLimiter, core.OrderedStore).
 func (t *Tracing) Store(s core.Store) core.Store {
-	return forwardStore(s, &store{inner: s, t: t})
+	return core.DecorateStore(s, &store{inner: s, t: t})
 }
 
 type store struct {
@@ -336,47 +336,4 @@ func (c *claim) Release(ctx context.Context) error {
 	span.End()
 	c.end()
 	return err
-}
-
-// orderedClaims is the method of core.OrderedStore beyond Store.
-type orderedClaims interface{ OrderedClaims() bool }
-
-// forwardStore returns d, the decorator of inner, with the optional
-// interfaces of inner that the relay looks for by type assertion, so that
-// decorating a store never changes how the relay runs it (its concurrency
-// cap, ordered mode).
-func forwardStore(inner, d core.Store) core.Store {
-	l, isL := inner.(core.ConcurrencyLimiter)
-	o, isO := inner.(core.OrderedStore)
-	switch {
-	case isL && isO:
-		return struct {
-			core.Store
-			core.ConcurrencyLimiter
-			orderedClaims
-		}{d, l, o}
-	case isL:
-		return struct {
-			core.Store
-			core.ConcurrencyLimiter
-		}{d, l}
-	case isO:
-		return struct {
-			core.Store
-			orderedClaims
-		}{d, o}
-	}
-	return d
-}
-
-// forwardPublisher returns d, the decorator of inner, with inner's
-// core.OrderingPublisher, which the relay's OrderingAuto looks for.
-func forwardPublisher(inner, d core.Publisher) core.Publisher {
-	if op, ok := inner.(core.OrderingPublisher); ok {
-		return struct {
-			core.Publisher
-			core.OrderingPublisher
-		}{d, op}
-	}
-	return d
 }
