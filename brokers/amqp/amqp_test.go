@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -254,23 +254,23 @@ func TestDirectExchangeRoutesByEventType(t *testing.T) {
 	p := newPublisher(t, amqpbroker.Options{Topology: topo})
 	sub := newSubscriber(t, amqpbroker.SubscriberOptions{Topology: topo})
 	created, paid := "order.created", "order.paid"
-	gotCreated := receive(t, sub, created)
-	gotPaid := receive(t, sub, paid)
+	gotCreated := fixtures.Receive(t, sub, created)
+	gotPaid := fixtures.Receive(t, sub, paid)
 	evs := []core.Event{event(t, created, "o-1", 0), event(t, paid, "o-1", 1), event(t, created, "o-2", 2)}
 	if err := p.Publish(t.Context(), evs); err != nil {
 		t.Fatal(err)
 	}
-	c := gotCreated.wait(t, 2)
-	pd := gotPaid.wait(t, 1)
+	c := gotCreated.Wait(t, 2)
+	pd := gotPaid.Wait(t, 1)
 	// o-1 and o-2 are different aggregates, published in parallel.
-	if got := gotCreated.ids(); len(c) != 2 || got[evs[0].ID] != 1 || got[evs[2].ID] != 1 {
+	if got := gotCreated.IDs(); len(c) != 2 || got[evs[0].ID] != 1 || got[evs[2].ID] != 1 {
 		t.Errorf("order.created got %v", got)
 	}
 	if pd[0].Metadata.Get(core.HeaderEventID) != evs[1].ID {
 		t.Errorf("order.paid got %v", pd)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if n := gotCreated.count() + gotPaid.count(); n != 3 {
+	if n := gotCreated.Count() + gotPaid.Count(); n != 3 {
 		t.Errorf("received %d messages, want 3", n)
 	}
 	ch := rawChannel(t)
@@ -284,9 +284,9 @@ func TestConsumerGroups(t *testing.T) {
 	et := "order.grouped." + testenv.RandomSuffix()
 	group := "g-" + testenv.RandomSuffix()
 	p := newPublisher(t, amqpbroker.Options{})
-	a := receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{Consumer: group, Prefetch: 1}), et)
-	b := receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{Consumer: group, Prefetch: 1}), et)
-	other := receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{}), et)
+	a := fixtures.Receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{Consumer: group, Prefetch: 1}), et)
+	b := fixtures.Receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{Consumer: group, Prefetch: 1}), et)
+	other := fixtures.Receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{}), et)
 	var evs []core.Event
 	for i := range 20 {
 		evs = append(evs, event(t, et, fmt.Sprint("o-", i), i))
@@ -294,17 +294,17 @@ func TestConsumerGroups(t *testing.T) {
 	if err := p.Publish(t.Context(), evs); err != nil {
 		t.Fatal(err)
 	}
-	other.wait(t, 20)
+	other.Wait(t, 20)
 	deadline := time.Now().Add(20 * time.Second)
-	for a.count()+b.count() < 20 && time.Now().Before(deadline) {
+	for a.Count()+b.Count() < 20 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if a.count()+b.count() != 20 {
-		t.Fatalf("group received %d+%d, want 20 in all", a.count(), b.count())
+	if a.Count()+b.Count() != 20 {
+		t.Fatalf("group received %d+%d, want 20 in all", a.Count(), b.Count())
 	}
 	time.Sleep(200 * time.Millisecond)
-	if a.count()+b.count() != 20 || other.count() != 20 {
-		t.Errorf("group %d+%d, other %d; want 20 and 20", a.count(), b.count(), other.count())
+	if a.Count()+b.Count() != 20 || other.Count() != 20 {
+		t.Errorf("group %d+%d, other %d; want 20 and 20", a.Count(), b.Count(), other.Count())
 	}
 }
 
@@ -330,88 +330,6 @@ func TestPublishEmptyTopicIsInvalid(t *testing.T) {
 	err := p.Publish(t.Context(), []core.Event{event(t, "x", "a", 0)})
 	if !errors.Is(err, core.ErrInvalidEvent) {
 		t.Fatalf("Publish = %v, want ErrInvalidEvent", err)
-	}
-}
-
-// received gathers one subscription's messages, acking each.
-type received struct {
-	mu   sync.Mutex
-	msgs []*message.Message
-}
-
-func receive(t testing.TB, sub message.Subscriber, topic string) *received {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	ch, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatalf("subscribe %s: %v", topic, err)
-	}
-	r := &received{}
-	go func() {
-		for m := range ch {
-			m.Ack()
-			r.mu.Lock()
-			r.msgs = append(r.msgs, m)
-			r.mu.Unlock()
-		}
-	}()
-	return r
-}
-
-func (r *received) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.msgs)
-}
-
-func (r *received) ids() map[string]int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := map[string]int{}
-	for _, m := range r.msgs {
-		out[m.Metadata.Get(core.HeaderEventID)]++
-	}
-	return out
-}
-
-// wait waits until n messages arrived and returns them.
-func (r *received) wait(t testing.TB, n int) []*message.Message {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		r.mu.Lock()
-		if len(r.msgs) >= n {
-			out := append([]*message.Message(nil), r.msgs...)
-			r.mu.Unlock()
-			return out
-		}
-		r.mu.Unlock()
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("received %d of %d messages", r.count(), n)
-	return nil
-}
-
-// waitIDs waits until every id arrived at least once.
-func (r *received) waitIDs(t testing.TB, ids []string, d time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		got := r.ids()
-		missing := 0
-		for _, id := range ids {
-			if got[id] == 0 {
-				missing++
-			}
-		}
-		if missing == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d events never arrived", missing, len(ids))
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

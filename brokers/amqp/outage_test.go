@@ -8,6 +8,7 @@ import (
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
@@ -46,7 +47,7 @@ func TestOutagePublisherReconnects(t *testing.T) {
 	consumer := "outage-" + testenv.RandomSuffix()
 	p := newPublisher(t, amqpbroker.Options{Consumers: []string{consumer}, Reconnect: fastReconnect})
 	sub := newSubscriber(t, amqpbroker.SubscriberOptions{Consumer: consumer, Reconnect: fastReconnect})
-	got := receive(t, sub, et)
+	got := fixtures.Receive(t, sub, et)
 
 	batch := func(name string, n int) []core.Event {
 		evs := make([]core.Event, n)
@@ -59,7 +60,7 @@ func TestOutagePublisherReconnects(t *testing.T) {
 	if err := p.Publish(t.Context(), before); err != nil {
 		t.Fatalf("Publish before the outage: %v", err)
 	}
-	got.waitIDs(t, ids(before), 30*time.Second)
+	got.WaitIDs(t, fixtures.EventIDs(before), 30*time.Second)
 
 	up := rabbitDown(t)
 	// The connection's close notification may lag the stop by a moment;
@@ -77,28 +78,10 @@ func TestOutagePublisherReconnects(t *testing.T) {
 	}
 	up()
 
-	deadline := time.Now().Add(60 * time.Second)
-	var err error
-	for {
-		if err = p.Publish(t.Context(), during); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Publish still fails 60s after the broker came back: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	fixtures.PublishUntilOK(t, p, during, 60*time.Second, "the broker")
 	after := batch("after", 10)
 	if err := p.Publish(t.Context(), after); err != nil {
 		t.Fatalf("Publish after recovery: %v", err)
 	}
-	got.waitIDs(t, append(ids(during), ids(after)...), 60*time.Second)
-}
-
-func ids(evs []core.Event) []string {
-	out := make([]string, len(evs))
-	for i, ev := range evs {
-		out[i] = ev.ID
-	}
-	return out
+	got.WaitIDs(t, append(fixtures.EventIDs(during), fixtures.EventIDs(after)...), 60*time.Second)
 }

@@ -1,15 +1,10 @@
 package amqpbroker_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/url"
 	"strings"
@@ -18,6 +13,7 @@ import (
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
@@ -31,31 +27,8 @@ func tlsFront(t *testing.T) (string, *x509.CertPool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "txoutbox test RabbitMQ"},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA:         true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
+	cert, pool := fixtures.SelfSigned(t, "txoutbox test RabbitMQ")
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,12 +71,12 @@ func TestTLSThroughURL(t *testing.T) {
 	tlsConfig := &tls.Config{RootCAs: pool}
 	et := "order.tls." + testenv.RandomSuffix()
 	sub := newSubscriber(t, amqpbroker.SubscriberOptions{URL: tlsURL, TLSConfig: tlsConfig})
-	got := receive(t, sub, et)
+	got := fixtures.Receive(t, sub, et)
 	p := newPublisher(t, amqpbroker.Options{URL: tlsURL, TLSConfig: tlsConfig})
 	evs := []core.Event{event(t, et, "o-1", 0), event(t, et, "o-1", 1)}
 	if err := p.Publish(t.Context(), evs); err != nil {
 		t.Fatal(err)
 	}
-	got.waitIDs(t, ids(evs), 30*time.Second)
+	got.WaitIDs(t, fixtures.EventIDs(evs), 30*time.Second)
 	rawChannel(t).ExchangeDelete(et, false, false)
 }

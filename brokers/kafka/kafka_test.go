@@ -1,7 +1,6 @@
 package kafkabroker_test
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,6 +21,7 @@ import (
 
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -342,15 +342,15 @@ func TestConsumerGroupSharesPartitions(t *testing.T) {
 	p := newPublisher(t, cl.addrs, kafkabroker.Options{})
 	et := "order.grouped"
 	group := "g-" + testenv.RandomSuffix()
-	a := receive(t, newSubscriber(t, cl.addrs, group), et)
-	b := receive(t, newSubscriber(t, cl.addrs, group), et)
+	a := fixtures.Receive(t, newSubscriber(t, cl.addrs, group), et)
+	b := fixtures.Receive(t, newSubscriber(t, cl.addrs, group), et)
 	var sent []core.Event
 	deadline := time.Now().Add(60 * time.Second)
 	// Keep publishing (40 aggregates over 4 partitions per round) until the
 	// second member has joined and both got a share.
-	for round := 0; a.count() == 0 || b.count() == 0; round++ {
+	for round := 0; a.Count() == 0 || b.Count() == 0; round++ {
 		if time.Now().After(deadline) {
-			t.Fatalf("after %d rounds one member still has nothing: %d and %d", round, a.count(), b.count())
+			t.Fatalf("after %d rounds one member still has nothing: %d and %d", round, a.Count(), b.Count())
 		}
 		var evs []core.Event
 		for i := range 40 {
@@ -363,8 +363,8 @@ func TestConsumerGroupSharesPartitions(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 	}
 	for {
-		got := a.ids()
-		for id, n := range b.ids() {
+		got := a.IDs()
+		for id, n := range b.IDs() {
 			got[id] += n
 		}
 		missing := 0
@@ -381,7 +381,7 @@ func TestConsumerGroupSharesPartitions(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("%d events: the members received %d and %d", len(sent), a.count(), b.count())
+	t.Logf("%d events: the members received %d and %d", len(sent), a.Count(), b.Count())
 }
 
 func TestInvalidOptions(t *testing.T) {
@@ -395,69 +395,5 @@ func TestInvalidOptions(t *testing.T) {
 	}
 	if _, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: []string{"x:1"}}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
 		t.Errorf("no group: %v", err)
-	}
-}
-
-// received gathers one subscription's messages, acking each.
-type received struct {
-	mu   sync.Mutex
-	msgs []*message.Message
-}
-
-func receive(t testing.TB, sub message.Subscriber, topic string) *received {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	ch, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatalf("subscribe %s: %v", topic, err)
-	}
-	r := &received{}
-	go func() {
-		for m := range ch {
-			m.Ack()
-			r.mu.Lock()
-			r.msgs = append(r.msgs, m)
-			r.mu.Unlock()
-		}
-	}()
-	return r
-}
-
-func (r *received) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.msgs)
-}
-
-func (r *received) ids() map[string]int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := map[string]int{}
-	for _, m := range r.msgs {
-		out[m.Metadata.Get(core.HeaderEventID)]++
-	}
-	return out
-}
-
-// waitIDs waits until every id arrived at least once.
-func (r *received) waitIDs(t testing.TB, ids []string, d time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		got := r.ids()
-		missing := 0
-		for _, id := range ids {
-			if got[id] == 0 {
-				missing++
-			}
-		}
-		if missing == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d events never arrived", missing, len(ids))
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 )
 
 // Tests named TestOutage* take a broker down; make test runs them in a
@@ -24,7 +25,7 @@ func TestOutagePublisherRecovers(t *testing.T) {
 	cl := newCluster(t, kfake.DataDir(t.TempDir()))
 	p := newPublisher(t, cl.addrs, kafkabroker.Options{})
 	et := "order.outage"
-	got := receive(t, newSubscriber(t, cl.addrs, "outage"), et)
+	got := fixtures.Receive(t, newSubscriber(t, cl.addrs, "outage"), et)
 
 	batch := func(name string, n int) []core.Event {
 		evs := make([]core.Event, n)
@@ -37,7 +38,7 @@ func TestOutagePublisherRecovers(t *testing.T) {
 	if err := p.Publish(t.Context(), before); err != nil {
 		t.Fatalf("Publish before the outage: %v", err)
 	}
-	got.waitIDs(t, ids(before), 60*time.Second)
+	got.WaitIDs(t, fixtures.EventIDs(before), 60*time.Second)
 
 	cl.stop()
 	for i := range 2 {
@@ -57,29 +58,11 @@ func TestOutagePublisherRecovers(t *testing.T) {
 	// sarama opens a partition's circuit breaker for 10s after 3 failed
 	// leader lookups, so publishing resumes up to ~10s after the restart.
 	restarted := time.Now()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := p.Publish(t.Context(), during)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Publish still fails 60s after the cluster came back: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	fixtures.PublishUntilOK(t, p, during, 60*time.Second, "the cluster")
 	t.Logf("publishing again %v after the restart", time.Since(restarted).Round(time.Millisecond))
 	after := batch("after", 10)
 	if err := p.Publish(t.Context(), after); err != nil {
 		t.Fatalf("Publish after recovery: %v", err)
 	}
-	got.waitIDs(t, append(ids(during), ids(after)...), 60*time.Second)
-}
-
-func ids(evs []core.Event) []string {
-	out := make([]string, len(evs))
-	for i, ev := range evs {
-		out[i] = ev.ID
-	}
-	return out
+	got.WaitIDs(t, append(fixtures.EventIDs(during), fixtures.EventIDs(after)...), 60*time.Second)
 }

@@ -1,14 +1,7 @@
 package kafkabroker_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
-	"net"
 	"testing"
 	"time"
 
@@ -17,43 +10,15 @@ import (
 
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 )
-
-// selfSigned returns a server certificate for 127.0.0.1 and a pool that
-// trusts it.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "txoutbox test Kafka"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore:   time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA:        true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
-}
 
 // TLS and SASL are sarama settings passed as Options.Sarama: against a
 // cluster that requires both, the publisher and a consumer group work with
 // the right credentials and CA, and a wrong password is refused.
 func TestTLSAndSASL(t *testing.T) {
 	t.Parallel()
-	cert, pool := selfSigned(t)
+	cert, pool := fixtures.SelfSigned(t, "txoutbox test Kafka")
 	cl := newCluster(t, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}}),
 		kfake.EnableSASL(), kfake.Superuser("PLAIN", "relay", "s3cret"))
 	secure := func(password string) *sarama.Config {
@@ -79,10 +44,10 @@ func TestTLSAndSASL(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Close() })
-	got := receive(t, sub, "order.secure")
+	got := fixtures.Receive(t, sub, "order.secure")
 	evs := []core.Event{event(t, "order.secure", "o-1", 0), event(t, "order.secure", "o-1", 1)}
 	if err := p.Publish(t.Context(), evs); err != nil {
 		t.Fatal(err)
 	}
-	got.waitIDs(t, ids(evs), 30*time.Second)
+	got.WaitIDs(t, fixtures.EventIDs(evs), 30*time.Second)
 }
