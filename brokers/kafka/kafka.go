@@ -5,9 +5,11 @@
 //
 // The topic is the event type, or what Options.Topic returns (TopicMap
 // renames some). The message key is the aggregate ID, so that one
-// aggregate's events land on one partition, in order. The producer waits for
-// all in-sync replicas (acks=all) and is idempotent, so a retry inside the
-// client does not write a record twice. The event's headers (event_id,
+// aggregate's events land on one partition, in order; the Publisher reports
+// so (core.OrderingPublisher), which turns on the relay's ordered mode under
+// core.OrderingAuto. The producer waits for all in-sync replicas (acks=all)
+// and is idempotent, so a retry inside the client does not write a record
+// twice. The event's headers (event_id,
 // aggregate_id, ...) travel as Kafka record headers.
 //
 // TLS and SASL are sarama settings: pass a *sarama.Config from
@@ -108,6 +110,11 @@ type Publisher struct {
 	marshal  Marshaler
 }
 
+var (
+	_ core.Publisher         = (*Publisher)(nil)
+	_ core.OrderingPublisher = (*Publisher)(nil)
+)
+
 // NewPublisher connects to Kafka and returns a Publisher. Close it to close
 // the producer.
 func NewPublisher(opts Options) (*Publisher, error) {
@@ -188,6 +195,17 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	}
 	return be.ErrOrNil()
 }
+
+// PreservesAggregateOrder implements core.OrderingPublisher: true, so that
+// a relay with the default core.OrderingAuto and an ordered store runs in
+// ordered mode. The record key is the aggregate ID and the partitioner
+// hashes it (NewPublisher enforces both), so an aggregate's events of one
+// topic land on one partition; the idempotent producer with one request in
+// flight keeps a partition's order across sarama's retries, and each batch
+// goes out in one SendMessages. Order holds per topic: events of one
+// aggregate that Options.Topic sends to different topics are ordered within
+// each topic only. Events without an aggregate ID have no key and no order.
+func (p *Publisher) PreservesAggregateOrder() bool { return true }
 
 // Close flushes and closes the producer.
 func (p *Publisher) Close() error { return p.producer.Close() }
