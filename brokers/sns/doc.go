@@ -30,5 +30,10 @@
 // FIFO topics (names ending in ".fifo"): MessageGroupId is the aggregate ID
 // and MessageDeduplicationId the event ID. When an event of a group fails,
 // the group's later events of the same batch are held back
-// (ErrEarlierFailed) so that the retry cannot be overtaken.
+// (ErrEarlierFailed) so that the retry cannot be overtaken. Set
+// Options.FIFOOnly when every topic is a FIFO topic: the publisher then
+// reports that it keeps aggregate order (core.OrderingPublisher), so a relay
+// with the default core.OrderingAuto and an ordered store runs in ordered
+// mode, and it refuses events bound for a standard topic (ErrNotFIFO).
+// Standard topics do not keep order, so without FIFOOnly it reports false.
 package snsbroker

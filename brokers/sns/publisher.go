@@ -41,6 +41,9 @@ var (
 	// not sent because an earlier event of its message group failed in the
 	// same call: sending it would overtake the failed one.
 	ErrEarlierFailed = errors.New("snsbroker: earlier event of the message group failed")
+	// ErrNotFIFO is the error of an event whose topic is not a FIFO topic
+	// on a publisher with Options.FIFOOnly; it is not sent.
+	ErrNotFIFO = errors.New("snsbroker: topic is not a FIFO topic")
 	// ErrEntryFailed is matched by every *EntryError.
 	ErrEntryFailed = errors.New("snsbroker: PublishBatch entry failed")
 	// ErrNotNotification means a body is not an SNS notification envelope.
@@ -110,6 +113,16 @@ type Options struct {
 	// a standard topic. Default 1: calls go one after the other, so events
 	// also leave in order. Calls to a FIFO topic are always sequential.
 	Concurrency int
+	// FIFOOnly declares that every event goes to a FIFO topic, so that the
+	// publisher keeps each aggregate's events in order (the aggregate ID is
+	// the message group) and reports so to the relay
+	// (PreservesAggregateOrder), which then runs in ordered mode under
+	// core.OrderingAuto. The publisher holds to it: an event whose topic
+	// ARN does not name a FIFO topic is not sent and fails with ErrNotFIFO.
+	// Default false: the topics come from Topic, TopicARNs, CreateTopics
+	// and TopicARNPrefix, from which the publisher cannot know that they
+	// are all FIFO.
+	FIFOOnly bool
 	// Logger receives the publisher's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -184,7 +197,16 @@ type Publisher struct {
 	closed atomic.Bool
 }
 
-var _ core.Publisher = (*Publisher)(nil)
+var (
+	_ core.Publisher         = (*Publisher)(nil)
+	_ core.OrderingPublisher = (*Publisher)(nil)
+)
+
+// PreservesAggregateOrder implements core.OrderingPublisher: it is
+// Options.FIFOOnly. Only FIFO topics keep order (per message group, which is
+// the aggregate ID); without FIFOOnly the publisher cannot tell that every
+// topic it will be handed is one, and reports false.
+func (p *Publisher) PreservesAggregateOrder() bool { return p.opts.FIFOOnly }
 
 // New returns a Publisher sending through api, usually an *sns.Client (see
 // NewClient).
@@ -281,6 +303,12 @@ func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry
 		return
 	}
 	fifo := IsFIFO(arn)
+	if p.opts.FIFOOnly && !fifo {
+		for _, e := range entries {
+			errs[e.idx] = fmt.Errorf("%w: event %s to %s (Options.FIFOOnly)", ErrNotFIFO, e.id, arn)
+		}
+		return
+	}
 	ready := make([]prepared, 0, len(entries))
 	for _, e := range entries {
 		attrs, asize, err := encodeAttributes(e.headers, p.opts.MaxAttributes, p.opts.OverflowAttribute)
