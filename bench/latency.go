@@ -74,7 +74,8 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 		mu.Unlock()
 		return nil
 	})
-	relay, err := core.NewRelay(relayBox, pub, core.RelayOptions{BatchSize: 100, PollInterval: b.c.PollInterval, Logger: b.quiet})
+	timed := &timedStore{Store: relayBox}
+	relay, err := core.NewRelay(timed, pub, core.RelayOptions{BatchSize: 100, PollInterval: b.c.PollInterval, Logger: b.quiet})
 	if err != nil {
 		return latencies{}, err
 	}
@@ -174,7 +175,7 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 			}
 		}
 	}
-	b.log.Info("latency run", "mode", mode, "events", len(lat), "slower_than_quarter_poll", slow, "relay", relay.Counters())
+	b.log.Info("latency run", append([]any{"mode", mode, "events", len(lat), "slower_than_quarter_poll", slow}, timed.summary()...)...)
 	return latencies{p50: percentile(lat, 0.50), p99: percentile(lat, 0.99)}, nil
 }
 
