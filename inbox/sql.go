@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/sqlitebusy"
 )
 
 // DB is what NewSQL needs from a database handle. *sql.DB and *sqlx.DB
@@ -243,7 +243,7 @@ func (s *SQL) record(ctx context.Context, consumer, eventID string) (*txValue, b
 			_ = v.tx.Rollback()
 			err = fmt.Errorf("inbox: record event %s for %s: %w", eventID, consumer, err)
 		}
-		if !s.sqlite || !isBusy(err) || time.Since(start) >= s.opts.BusyTimeout {
+		if !s.sqlite || !sqlitebusy.Is(err) || time.Since(start) >= s.opts.BusyTimeout {
 			return nil, false, err
 		}
 		// Jittered, so that waiting writers do not wake in lockstep.
@@ -303,18 +303,4 @@ func (s *SQL) Processed(ctx context.Context, consumer, eventID string) (bool, er
 		return false, fmt.Errorf("inbox: look up event %s for %s: %w", eventID, consumer, err)
 	}
 	return true, nil
-}
-
-// isBusy reports SQLITE_BUSY and SQLITE_LOCKED from modernc.org/sqlite
-// (Code method) or mattn/go-sqlite3 (message text), without importing either.
-func isBusy(err error) bool {
-	var coded interface{ Code() int }
-	if errors.As(err, &coded) {
-		if c := coded.Code() & 0xff; c == 5 || c == 6 {
-			return true
-		}
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "SQLITE_BUSY") || strings.Contains(msg, "database is locked") ||
-		strings.Contains(msg, "database table is locked")
 }

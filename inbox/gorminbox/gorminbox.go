@@ -18,13 +18,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/sqlitebusy"
 )
 
 // Options configures New.
@@ -123,7 +123,7 @@ func (ib *Inbox) Process(ctx context.Context, consumer, eventID string, fn func(
 		// no busy_timeout. Before fn ran nothing happened, so trying again
 		// is safe; after the INSERT succeeded this transaction holds the
 		// write lock and cannot be refused that way.
-		if err == nil || ran || !ib.sqlite || !isBusy(err) || time.Since(start) >= busyTimeout {
+		if err == nil || ran || !ib.sqlite || !sqlitebusy.Is(err) || time.Since(start) >= busyTimeout {
 			return ib.result(err, fnErr)
 		}
 		select {
@@ -175,18 +175,4 @@ func (ib *Inbox) Processed(ctx context.Context, consumer, eventID string) (bool,
 		return false, fmt.Errorf("gorminbox: look up event %s for %s: %w", eventID, consumer, err)
 	}
 	return n > 0, nil
-}
-
-// isBusy reports SQLITE_BUSY and SQLITE_LOCKED from modernc.org/sqlite
-// (Code method) or mattn/go-sqlite3 (message text), without importing either.
-func isBusy(err error) bool {
-	var coded interface{ Code() int }
-	if errors.As(err, &coded) {
-		if c := coded.Code() & 0xff; c == 5 || c == 6 {
-			return true
-		}
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "SQLITE_BUSY") || strings.Contains(msg, "database is locked") ||
-		strings.Contains(msg, "database table is locked")
 }
