@@ -3,7 +3,6 @@ package gormoutbox_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +10,8 @@ import (
 
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -81,25 +82,9 @@ func TestConformance(t *testing.T) {
 
 // backdate moves an event's timestamps back by age.
 func (e *env) backdate(ctx context.Context, id string, age time.Duration) error {
-	var query string
-	var args []any
+	d := dialect.SQLite
 	if e.name == "postgres" {
-		query = "UPDATE outbox_events SET created_at = created_at - $1 * interval '1 microsecond'," +
-			" published_at = published_at - $1 * interval '1 microsecond', dead_at = dead_at - $1 * interval '1 microsecond'" +
-			" WHERE event_id = $2"
-		args = []any{age.Microseconds(), id}
-	} else {
-		query = "UPDATE outbox_events SET created_at = strftime('%Y-%m-%dT%H:%M:%fZ', created_at, ?1)," +
-			" published_at = strftime('%Y-%m-%dT%H:%M:%fZ', published_at, ?1), dead_at = strftime('%Y-%m-%dT%H:%M:%fZ', dead_at, ?1)" +
-			" WHERE event_id = ?2"
-		args = []any{fmt.Sprintf("-%.3f seconds", age.Seconds()), id}
+		d = dialect.Postgres
 	}
-	res, err := e.sqlDB.ExecContext(ctx, query, args...)
-	if err != nil {
-		return err
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("backdate %s: %d rows", id, n)
-	}
-	return nil
+	return fixtures.Backdate(ctx, e.sqlDB, d, dialect.DefaultTable, id, age)
 }
