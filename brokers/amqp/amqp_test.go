@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -23,12 +21,7 @@ import (
 // quiet keeps watermill's logs (per-connection info, and an error with a
 // stack trace for every re-dial during outages) out of test output; set
 // TXOUTBOX_TEST_LOG=1 to see them.
-var quiet = func() *slog.Logger {
-	if os.Getenv("TXOUTBOX_TEST_LOG") != "" {
-		return slog.Default()
-	}
-	return slog.New(slog.DiscardHandler)
-}()
+var quiet = fixtures.Quiet()
 
 // newPublisher connects a publisher to the test RabbitMQ and closes it when
 // the test ends.

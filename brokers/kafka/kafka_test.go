@@ -4,9 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -28,12 +26,7 @@ import (
 
 // quiet keeps watermill's logs out of test output; set TXOUTBOX_TEST_LOG=1
 // to see them.
-var quiet = func() *slog.Logger {
-	if os.Getenv("TXOUTBOX_TEST_LOG") != "" {
-		return slog.Default()
-	}
-	return slog.New(slog.DiscardHandler)
-}()
+var quiet = fixtures.Quiet()
 
 // cluster is an in-process Kafka-protocol cluster (kfake) that the real
 // sarama client talks to over TCP. With a data directory it can be stopped

@@ -1,8 +1,6 @@
 package snsbroker_test
 
 import (
-	"log/slog"
-	"os"
 	"testing"
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
@@ -12,12 +10,7 @@ import (
 
 // quiet keeps the publisher's and the store's logs out of test output; set
 // TXOUTBOX_TEST_LOG=1 to see them.
-var quiet = func() *slog.Logger {
-	if os.Getenv("TXOUTBOX_TEST_LOG") != "" {
-		return slog.Default()
-	}
-	return slog.New(slog.DiscardHandler)
-}()
+var quiet = fixtures.Quiet()
 
 // newStore is a fresh PostgreSQL outbox (adapters/sqlx) with an orders
 // table that producers write next to their events.
