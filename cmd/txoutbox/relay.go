@@ -67,7 +67,8 @@ retries and several relays: aggregates are hashed into --ordered-partitions
 partitions that the relays lease among themselves, and an event waits while an
 earlier one of its aggregate is in backoff (or dead, with
 --dead-letter-policy block). --ordering auto turns it on for brokers that keep
-per-key order. --ordering off has the highest throughput.
+per-key order (kafka://, and sns:// with fifo_only=true), which also needs
+'txoutbox migrate --ordered'. --ordering off has the highest throughput.
 
 A failed event is retried with exponential backoff (--initial-backoff doubling
 up to --max-backoff, with jitter) and dead-lettered after --max-attempts.

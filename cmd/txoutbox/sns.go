@@ -11,7 +11,9 @@ import (
 )
 
 // openSNS connects to SNS as sns://?region=...&endpoint=...&create_topics=true
-// &topic_arn_prefix=...&max_batch_size=10 says. Credentials come from the
+// &topic_arn_prefix=...&max_batch_size=10&fifo_only=true says (fifo_only:
+// every topic is FIFO, so --ordering auto runs ordered; see
+// snsbroker.Options.FIFOOnly). Credentials come from the
 // standard AWS chain (environment, profile, instance role), never the URL.
 func openSNS(ctx context.Context, rawURL string, log *slog.Logger) (publisher, error) {
 	u, err := url.Parse(rawURL)
@@ -21,15 +23,20 @@ func openSNS(ctx context.Context, rawURL string, log *slog.Logger) (publisher, e
 	q := u.Query()
 	for k := range q {
 		switch k {
-		case "region", "endpoint", "create_topics", "topic_arn_prefix", "max_batch_size":
+		case "region", "endpoint", "create_topics", "topic_arn_prefix", "max_batch_size", "fifo_only":
 		default:
-			return nil, usagef("sns:// broker: unknown parameter %q (want region, endpoint, create_topics, topic_arn_prefix, max_batch_size)", k)
+			return nil, usagef("sns:// broker: unknown parameter %q (want region, endpoint, create_topics, topic_arn_prefix, max_batch_size, fifo_only)", k)
 		}
 	}
 	opts := snsbroker.Options{TopicARNPrefix: q.Get("topic_arn_prefix"), Logger: log}
 	if v := q.Get("create_topics"); v != "" {
 		if opts.CreateTopics, err = strconv.ParseBool(v); err != nil {
 			return nil, usagef("sns:// create_topics=%q is not a boolean", v)
+		}
+	}
+	if v := q.Get("fifo_only"); v != "" {
+		if opts.FIFOOnly, err = strconv.ParseBool(v); err != nil {
+			return nil, usagef("sns:// fifo_only=%q is not a boolean", v)
 		}
 	}
 	if v := q.Get("max_batch_size"); v != "" {
