@@ -1,0 +1,287 @@
+package outboxtest_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jmoiron/sqlx"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
+	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/inbox/gorminbox"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+// TestMatrix runs the exactly-once suite over every store × broker × inbox
+// this repository ships (SNS runs the end-to-end suites in brokers/sns,
+// whose SQS reader lives in its tests): a producer on the store, the real
+// relay through a faulty, duplicating publisher, the broker, and two
+// consumers of one group deduplicating through the inbox.
+func TestMatrix(t *testing.T) {
+	t.Parallel()
+	stores := []struct {
+		name string
+		new  outboxtest.NewStoreFunc
+	}{
+		{"SQLXPostgres", func(t *testing.T) *outboxtest.StoreFixture { return fixtures.SQLXPostgres(t, fixtures.Options{SkipInbox: true}) }},
+		{"SQLXSQLite", func(t *testing.T) *outboxtest.StoreFixture { return fixtures.SQLXSQLite(t, fixtures.Options{SkipInbox: true}) }},
+		{"GORMPostgres", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, true)) }},
+		{"GORMSQLite", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, false)) }},
+	}
+	brokers := []struct {
+		name string
+		new  outboxtest.NewBrokerFunc
+	}{
+		{"GoChannel", goChannel},
+		{"RabbitMQ", rabbitMQ},
+		{"Kafka", kafka},
+	}
+	inboxes := []struct {
+		name string
+		new  outboxtest.NewInboxFunc
+	}{
+		{"SQLPostgres", func(t *testing.T) *outboxtest.InboxFixture { return sqlInbox(t, testenv.OpenPostgres(t), dialect.Postgres) }},
+		{"SQLSQLite", func(t *testing.T) *outboxtest.InboxFixture { return sqlInbox(t, openSQLite(t), dialect.SQLite) }},
+		{"GORMPostgres", func(t *testing.T) *outboxtest.InboxFixture { return gormInbox(t, openGORM(t, true)) }},
+	}
+	for _, s := range stores {
+		for _, b := range brokers {
+			for _, in := range inboxes {
+				t.Run(s.name+"/"+b.name+"/"+in.name, func(t *testing.T) {
+					t.Parallel()
+					outboxtest.RunExactlyOnce(t, s.new, b.new, in.new)
+				})
+			}
+		}
+	}
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+func openSQLite(t *testing.T) *sql.DB {
+	return fixtures.OpenSQLite(t, filepath.Join(t.TempDir(), "db.sqlite")).DB
+}
+
+// openGORM opens GORM on a fresh PostgreSQL database or SQLite file, with
+// the pure-Go SQLite driver underneath.
+func openGORM(t *testing.T, pg bool) *gorm.DB {
+	t.Helper()
+	cfg := &gorm.Config{Logger: logger.Discard}
+	var dial gorm.Dialector
+	if pg {
+		dial = postgres.New(postgres.Config{Conn: testenv.OpenPostgres(t)})
+	} else {
+		dial = sqlite.New(sqlite.Config{Conn: openSQLite(t)})
+	}
+	db, err := gorm.Open(dial, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// matrixOrder emits the suite's events through the GORM plugin.
+type matrixOrder struct {
+	ID     int64 `gorm:"primaryKey"`
+	Events int
+	events []core.Event
+}
+
+func (o *matrixOrder) OutboxEvents(op gormoutbox.Op) ([]core.Event, error) {
+	if op != gormoutbox.Create {
+		return nil, nil
+	}
+	return o.events, nil
+}
+
+var errRollback = errors.New("matrix: roll back")
+
+func gormStore(t *testing.T, db *gorm.DB) *outboxtest.StoreFixture {
+	t.Helper()
+	if err := gormoutbox.AutoMigrate(db, gormoutbox.MigrateOptions{Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.AutoMigrate(&matrixOrder{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Use(gormoutbox.Plugin{}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := gormoutbox.NewStore(db, gormoutbox.StoreOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &outboxtest.StoreFixture{
+		Store: store,
+		Enqueue: func(ctx context.Context, evs []core.Event, commit bool) error {
+			err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+				if err := tx.Create(&matrixOrder{Events: len(evs), events: evs}).Error; err != nil {
+					return err
+				}
+				if !commit {
+					return errRollback
+				}
+				return nil
+			})
+			if !commit && errors.Is(err, errRollback) {
+				return nil
+			}
+			return err
+		},
+		Get:              store.Get,
+		Stats:            store,
+		Cleaner:          store,
+		ConcurrentClaims: true,
+	}
+}
+
+// effects is the consumer's own table: no unique key, so that a double
+// effect is a second row.
+const effectsDDL = `CREATE TABLE effects (key TEXT NOT NULL)`
+
+func countEffects(ctx context.Context, db *sql.DB) (map[string]int, error) {
+	rows, err := db.QueryContext(ctx, `SELECT key, COUNT(*) FROM effects GROUP BY key`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var k string
+		var n int
+		if err := rows.Scan(&k, &n); err != nil {
+			return nil, err
+		}
+		out[k] = n
+	}
+	return out, rows.Err()
+}
+
+func sqlInbox(t *testing.T, db *sql.DB, d dialect.Dialect) *outboxtest.InboxFixture {
+	t.Helper()
+	if err := dialect.Migrate(t.Context(), db, d, dialect.MigrateOptions{SkipOutbox: true, Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(t.Context(), effectsDDL); err != nil {
+		t.Fatal(err)
+	}
+	xdb := sqlx.NewDb(db, map[bool]string{true: "pgx", false: "sqlite"}[d == dialect.Postgres])
+	ib, err := inbox.NewSQL(xdb, inbox.SQLOptions{Dialect: d, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &outboxtest.InboxFixture{
+		Inbox: ib,
+		Effect: func(ctx context.Context, key string) error {
+			tx := inbox.Txx(ctx)
+			if tx == nil {
+				return errors.New("no transaction in the handler's context")
+			}
+			_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO effects (key) VALUES (?)`), key)
+			return err
+		},
+		Effects:   func(ctx context.Context) (map[string]int, error) { return countEffects(ctx, db) },
+		Processed: ib.Processed,
+		Cleaner:   ib,
+	}
+}
+
+func gormInbox(t *testing.T, db *gorm.DB) *outboxtest.InboxFixture {
+	t.Helper()
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dialect.Migrate(t.Context(), sqlDB, dialect.Postgres, dialect.MigrateOptions{SkipOutbox: true, Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Exec(effectsDDL).Error; err != nil {
+		t.Fatal(err)
+	}
+	ib, err := gorminbox.New(db, gorminbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &outboxtest.InboxFixture{
+		Inbox: ib,
+		Effect: func(ctx context.Context, key string) error {
+			tx := gorminbox.Tx(ctx)
+			if tx == nil {
+				return errors.New("no transaction in the handler's context")
+			}
+			return tx.Exec(`INSERT INTO effects (key) VALUES (?)`, key).Error
+		},
+		Effects:   func(ctx context.Context) (map[string]int, error) { return countEffects(ctx, sqlDB) },
+		Processed: ib.Processed,
+		Cleaner:   ib,
+	}
+}
+
+func goChannel(t *testing.T) *outboxtest.BrokerFixture {
+	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1024}, watermill.NopLogger{})
+	t.Cleanup(func() { ps.Close() })
+	return &outboxtest.BrokerFixture{Publisher: core.NewWatermillPublisher(ps, nil), Subscriber: ps}
+}
+
+func rabbitMQ(t *testing.T) *outboxtest.BrokerFixture {
+	url := testenv.AMQPURL(t)
+	pub, err := amqpbroker.NewPublisher(amqpbroker.Options{URL: url, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	sub, err := amqpbroker.NewSubscriber(amqpbroker.SubscriberOptions{URL: url, Consumer: "matrix-" + testenv.RandomSuffix(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Close() })
+	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub}
+}
+
+func kafka(t *testing.T) *outboxtest.BrokerFixture {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4),
+		kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	pub, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: c.ListenAddrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	cfg := kafkabroker.NewSaramaConfig()
+	// Short group timings: two members join and share partitions within
+	// a second or two.
+	cfg.Consumer.Group.Session.Timeout = 2 * time.Second
+	cfg.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
+	sub, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{
+		Brokers: c.ListenAddrs(), ConsumerGroup: "matrix-" + testenv.RandomSuffix(), Sarama: cfg,
+		ReconnectRetrySleep: 200 * time.Millisecond, Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Close() })
+	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: message.Subscriber(sub), Ordered: true}
+}
