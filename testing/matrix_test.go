@@ -42,8 +42,12 @@ func TestMatrix(t *testing.T) {
 		name string
 		new  outboxtest.NewStoreFunc
 	}{
-		{"SQLXPostgres", func(t *testing.T) *outboxtest.StoreFixture { return fixtures.SQLXPostgres(t, fixtures.Options{SkipInbox: true}) }},
-		{"SQLXSQLite", func(t *testing.T) *outboxtest.StoreFixture { return fixtures.SQLXSQLite(t, fixtures.Options{SkipInbox: true}) }},
+		{"SQLXPostgres", func(t *testing.T) *outboxtest.StoreFixture {
+			return fixtures.SQLXPostgres(t, fixtures.Options{SkipInbox: true})
+		}},
+		{"SQLXSQLite", func(t *testing.T) *outboxtest.StoreFixture {
+			return fixtures.SQLXSQLite(t, fixtures.Options{SkipInbox: true})
+		}},
 		{"GORMPostgres", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, true)) }},
 		{"GORMSQLite", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, false)) }},
 	}
@@ -59,7 +63,9 @@ func TestMatrix(t *testing.T) {
 		name string
 		new  outboxtest.NewInboxFunc
 	}{
-		{"SQLPostgres", func(t *testing.T) *outboxtest.InboxFixture { return sqlInbox(t, testenv.OpenPostgres(t), dialect.Postgres) }},
+		{"SQLPostgres", func(t *testing.T) *outboxtest.InboxFixture {
+			return sqlInbox(t, testenv.OpenPostgres(t), dialect.Postgres)
+		}},
 		{"SQLSQLite", func(t *testing.T) *outboxtest.InboxFixture { return sqlInbox(t, openSQLite(t), dialect.SQLite) }},
 		{"GORMPostgres", func(t *testing.T) *outboxtest.InboxFixture { return gormInbox(t, openGORM(t, true)) }},
 	}
