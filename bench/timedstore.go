@@ -16,6 +16,8 @@ type timedStore struct {
 	mu                  sync.Mutex
 	claims, commits     []time.Duration
 	empty, nonEmpty, ev int
+	lastEnd             time.Time
+	gaps                []time.Duration // from the end of one claim to the start of the next
 }
 
 func (s *timedStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
@@ -27,7 +29,11 @@ func (s *timedStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Cla
 	}
 	s.mu.Lock()
 	s.claims = append(s.claims, d)
+	if !s.lastEnd.IsZero() {
+		s.gaps = append(s.gaps, t0.Sub(s.lastEnd))
+	}
 	if n := len(c.Events()); n == 0 {
+		s.lastEnd = time.Now()
 		s.empty++
 	} else {
 		s.nonEmpty++
@@ -47,6 +53,7 @@ func (c *timedClaim) Commit(ctx context.Context, out core.Outcome) error {
 	err := c.Claim.Commit(ctx, out)
 	c.s.mu.Lock()
 	c.s.commits = append(c.s.commits, time.Since(t0))
+	c.s.lastEnd = time.Now()
 	c.s.mu.Unlock()
 	return err
 }
@@ -56,5 +63,15 @@ func (s *timedStore) summary() []any {
 	defer s.mu.Unlock()
 	return []any{"claims_empty", s.empty, "claims_with_events", s.nonEmpty, "events", s.ev,
 		"claim_p50", percentile(s.claims, 0.5), "claim_p99", percentile(s.claims, 0.99),
-		"commit_p50", percentile(s.commits, 0.5), "commit_p99", percentile(s.commits, 0.99)}
+		"commit_p50", percentile(s.commits, 0.5), "commit_p99", percentile(s.commits, 0.99),
+		"gap_p50", percentile(s.gaps, 0.5), "gap_p90", percentile(s.gaps, 0.9), "gap_p99", percentile(s.gaps, 0.99),
+		"claim_total", sum(s.claims), "commit_total", sum(s.commits), "gap_total", sum(s.gaps)}
+}
+
+func sum(ds []time.Duration) time.Duration {
+	var t time.Duration
+	for _, d := range ds {
+		t += d
+	}
+	return t
 }
