@@ -112,6 +112,7 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 
 	total := int(b.c.LatencyFor.Seconds() * float64(b.c.LatencyRate))
 	committed := make([]time.Time, total)
+	commitTook := make([]time.Duration, total)
 	ids := make([]string, total)
 	jobs := make(chan int, total)
 	errs := make(chan error, b.c.Producers)
@@ -126,7 +127,7 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 					errs <- err
 					return
 				}
-				ids[i], committed[i] = id, t0
+				ids[i], committed[i], commitTook[i] = id, t0, time.Since(t0)
 			}
 		}()
 	}
@@ -175,7 +176,8 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 			}
 		}
 	}
-	b.log.Info("latency run", append([]any{"mode", mode, "events", len(lat), "slower_than_quarter_poll", slow}, timed.summary()...)...)
+	b.log.Info("latency run", append([]any{"mode", mode, "events", len(lat), "slower_than_quarter_poll", slow,
+		"producer_commit_p50", percentile(commitTook, 0.5), "producer_commit_p99", percentile(commitTook, 0.99)}, timed.summary()...)...)
 	return latencies{p50: percentile(lat, 0.50), p99: percentile(lat, 0.99)}, nil
 }
 
