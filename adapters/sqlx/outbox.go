@@ -110,6 +110,14 @@ type Options struct {
 	// publish of a batch. Default DefaultClaimLease. Unused on PostgreSQL,
 	// where the claim's row locks last exactly as long as the claim.
 	ClaimLease time.Duration
+	// AsyncMark commits the relay's marks of published events with
+	// synchronous_commit off, in the mark UPDATE itself (PostgreSQL;
+	// dialect.Queries.MarkPublishedAsync, no extra round trip), so that the
+	// relay does not wait for their WAL flush. A mark lost in a crash of the
+	// database leaves its events pending: they are published again and the
+	// consumers' inbox drops the duplicates. Producers' transactions keep
+	// the server's setting. No effect on SQLite.
+	AsyncMark bool
 	// Logger receives the adapter's warnings. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -175,7 +183,7 @@ func NewDB(db *sql.DB, opts Options) (*Outbox, error) {
 	}
 	return &Outbox{
 		db: db, d: opts.Dialect, q: q, opts: opts,
-		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "txoutbox/sqlx"},
+		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "txoutbox/sqlx", AsyncMark: opts.AsyncMark},
 	}, nil
 }
 

@@ -31,6 +31,9 @@ type Claimer struct {
 	// Prefix starts the error and log messages, for example
 	// "txoutbox/sqlx".
 	Prefix string
+	// AsyncMark marks published events with Q.MarkPublishedAsync, which
+	// commits the claim with synchronous_commit off on PostgreSQL.
+	AsyncMark bool
 }
 
 // Begin opens the transaction of a PostgreSQL claim. It survives a
@@ -100,6 +103,9 @@ func (c *Claimer) QueryLeased(ctx context.Context, query string, args []any, sor
 func (c *Claimer) Mark(ctx context.Context, tx Execer, out core.Outcome) error {
 	if len(out.Published) > 0 {
 		query, args := c.Q.MarkPublished(out.Published)
+		if c.AsyncMark {
+			query, args = c.Q.MarkPublishedAsync(out.Published)
+		}
 		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
 			return fmt.Errorf("%s: mark %d published: %w", c.Prefix, len(out.Published), err)
 		}
