@@ -38,7 +38,7 @@ func TestQuickRun(t *testing.T) {
 		t.Fatalf("no table header: %q", lines[0])
 	}
 	for _, want := range []string{
-		"| a  relay drain vs raw SQL", "| a' relay drain, relay pool with synchronous_commit=off",
+		"| a  relay drain vs raw SQL", "| a' relay drain with AsyncMark",
 		"| b  relay drain vs Watermill", "| b' relay drain vs Watermill", "| c  latency p50", "| c  latency p99", "LISTEN/NOTIFY",
 		"| d  producer tx/s with the outbox row", "| d  producer tx/s with a relay draining beside, in-process",
 		"| d  producer tx/s with a relay draining beside, debounced NOTIFY", "| d' producer tx/s with pg_notify",
