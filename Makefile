@@ -13,3 +13,8 @@ stop:
 
 quickstart:
 	go run ./examples/quickstart
+
+# Prints the performance table against the PostgreSQL that `make services`
+# starts (see docs/performance.md).
+bench: services
+	. .services/env && go run ./bench
