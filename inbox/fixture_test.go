@@ -14,6 +14,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -54,10 +55,6 @@ var backends = []backend{
 	{"SQLiteNoBusyTimeout", "sqlite", func(t testing.TB) *sql.DB { return openSQLite(t, false) }},
 }
 
-// effectsDDL is the consumer's own table: deliberately without a unique
-// key, so that a double effect shows as a second row.
-const effectsDDL = `CREATE TABLE effects (key TEXT NOT NULL)`
-
 func (b backend) rebind(q string) string {
 	if b.dialect == "postgres" {
 		return sqlx.Rebind(sqlx.DOLLAR, q)
@@ -97,7 +94,7 @@ func (b backend) newSQLFixture(t *testing.T, useSqlx bool) (*outboxtest.InboxFix
 		t.Fatalf("detected dialect %q, want %q", ib.Dialect(), b.dialect)
 	}
 	migrate(t, db, ib.Dialect())
-	if _, err := db.ExecContext(ctx, effectsDDL); err != nil {
+	if _, err := db.ExecContext(ctx, fixtures.EffectsDDL); err != nil {
 		t.Fatal(err)
 	}
 	insert := b.rebind(`INSERT INTO effects (key) VALUES (?)`)
@@ -119,23 +116,7 @@ func (b backend) newSQLFixture(t *testing.T, useSqlx bool) (*outboxtest.InboxFix
 			_, err := tx.ExecContext(ctx, insert, key)
 			return err
 		},
-		Effects: func(ctx context.Context) (map[string]int, error) {
-			rows, err := db.QueryContext(ctx, `SELECT key, COUNT(*) FROM effects GROUP BY key`)
-			if err != nil {
-				return nil, err
-			}
-			defer rows.Close()
-			out := map[string]int{}
-			for rows.Next() {
-				var k string
-				var n int
-				if err := rows.Scan(&k, &n); err != nil {
-					return nil, err
-				}
-				out[k] = n
-			}
-			return out, rows.Err()
-		},
+		Effects:   func(ctx context.Context) (map[string]int, error) { return fixtures.CountEffects(ctx, db) },
 		Processed: ib.Processed,
 		Cleaner:   ib,
 		Backdate: func(ctx context.Context, consumer, eventID string, age time.Duration) error {

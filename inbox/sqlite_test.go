@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 )
 
 // TestSQLiteBeginImmediateWithoutBusyTimeout covers the DSN that takes the
@@ -27,7 +28,7 @@ func TestSQLiteBeginImmediateWithoutBusyTimeout(t *testing.T) {
 	}
 	t.Cleanup(func() { db.Close() })
 	migrate(t, db, dialect.SQLite)
-	if _, err := db.Exec(effectsDDL); err != nil {
+	if _, err := db.Exec(fixtures.EffectsDDL); err != nil {
 		t.Fatal(err)
 	}
 	ib, err := inbox.NewSQL(db, inbox.SQLOptions{BusyTimeout: 3 * time.Minute})

@@ -160,34 +160,12 @@ func gormStore(t *testing.T, db *gorm.DB) *outboxtest.StoreFixture {
 	}
 }
 
-// effects is the consumer's own table: no unique key, so that a double
-// effect is a second row.
-const effectsDDL = `CREATE TABLE effects (key TEXT NOT NULL)`
-
-func countEffects(ctx context.Context, db *sql.DB) (map[string]int, error) {
-	rows, err := db.QueryContext(ctx, `SELECT key, COUNT(*) FROM effects GROUP BY key`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var k string
-		var n int
-		if err := rows.Scan(&k, &n); err != nil {
-			return nil, err
-		}
-		out[k] = n
-	}
-	return out, rows.Err()
-}
-
 func sqlInbox(t *testing.T, db *sql.DB, d dialect.Dialect) *outboxtest.InboxFixture {
 	t.Helper()
 	if err := dialect.Migrate(t.Context(), db, d, dialect.MigrateOptions{SkipOutbox: true, Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.ExecContext(t.Context(), effectsDDL); err != nil {
+	if _, err := db.ExecContext(t.Context(), fixtures.EffectsDDL); err != nil {
 		t.Fatal(err)
 	}
 	xdb := sqlx.NewDb(db, map[bool]string{true: "pgx", false: "sqlite"}[d == dialect.Postgres])
@@ -205,7 +183,7 @@ func sqlInbox(t *testing.T, db *sql.DB, d dialect.Dialect) *outboxtest.InboxFixt
 			_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO effects (key) VALUES (?)`), key)
 			return err
 		},
-		Effects:   func(ctx context.Context) (map[string]int, error) { return countEffects(ctx, db) },
+		Effects:   func(ctx context.Context) (map[string]int, error) { return fixtures.CountEffects(ctx, db) },
 		Processed: ib.Processed,
 		Cleaner:   ib,
 	}
@@ -220,7 +198,7 @@ func gormInbox(t *testing.T, db *gorm.DB) *outboxtest.InboxFixture {
 	if err := dialect.Migrate(t.Context(), sqlDB, dialect.Postgres, dialect.MigrateOptions{SkipOutbox: true, Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Exec(effectsDDL).Error; err != nil {
+	if err := db.Exec(fixtures.EffectsDDL).Error; err != nil {
 		t.Fatal(err)
 	}
 	ib, err := gorminbox.New(db, gorminbox.Options{})
@@ -236,7 +214,7 @@ func gormInbox(t *testing.T, db *gorm.DB) *outboxtest.InboxFixture {
 			}
 			return tx.Exec(`INSERT INTO effects (key) VALUES (?)`, key).Error
 		},
-		Effects:   func(ctx context.Context) (map[string]int, error) { return countEffects(ctx, sqlDB) },
+		Effects:   func(ctx context.Context) (map[string]int, error) { return fixtures.CountEffects(ctx, sqlDB) },
 		Processed: ib.Processed,
 		Cleaner:   ib,
 	}
