@@ -20,6 +20,9 @@ SNS_PORT=${TXOUTBOX_SNS_PORT:-54100}
 RABBIT_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}@localhost
 PGBIN=/usr/lib/postgresql/15/bin
 
+# rabbitmq-server and its CLI read the Erlang cookie from $HOME.
+export HOME=${HOME:-/root}
+
 log() { echo "services: $*" >&2; }
 
 apt_updated=0
