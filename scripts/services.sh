@@ -19,6 +19,9 @@ AMQP_DIST_PORT=${TXOUTBOX_AMQP_DIST_PORT:-45672}
 SNS_PORT=${TXOUTBOX_SNS_PORT:-54100}
 RABBIT_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}@localhost
 PGBIN=/usr/lib/postgresql/15/bin
+# The cluster lives outside the checkout: the postgres user must reach it,
+# and a checkout under /root is closed to that user.
+PG_DIR=${TXOUTBOX_PG_DIR:-/tmp/txoutbox-pg-$PG_PORT}
 
 # rabbitmq-server and its CLI read the Erlang cookie from $HOME.
 export HOME=${HOME:-/root}
@@ -41,7 +44,7 @@ need_pkg() { # need_pkg BINARY PACKAGE...
 
 start_postgres() {
 	need_pkg "$PGBIN/initdb" postgresql-15
-	local dir="$SVC/pg"
+	local dir="$PG_DIR"
 	if [ -f "$dir/data/postmaster.pid" ] && su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $dir/data status" >/dev/null 2>&1; then
 		log "postgres already running on $PG_PORT"
 		return
@@ -162,8 +165,8 @@ ENV
 }
 
 stop_all() {
-	if [ -d "$SVC/pg/data" ]; then
-		su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $SVC/pg/data -m fast stop" >&2 || true
+	if [ -d "$PG_DIR/data" ]; then
+		su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $PG_DIR/data -m fast stop" >&2 || true
 	fi
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBIT_NODE" stop >&2 2>/dev/null || true
 	if [ -f "$SVC/goaws.pid" ]; then kill "$(cat "$SVC/goaws.pid")" 2>/dev/null || true; rm -f "$SVC/goaws.pid"; fi
