@@ -25,8 +25,8 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
-	"github.com/txoutbox/txoutbox/inbox/gorminbox"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/gormfixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -201,23 +201,7 @@ func gormInbox(t *testing.T, db *gorm.DB) *outboxtest.InboxFixture {
 	if err := db.Exec(fixtures.EffectsDDL).Error; err != nil {
 		t.Fatal(err)
 	}
-	ib, err := gorminbox.New(db, gorminbox.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &outboxtest.InboxFixture{
-		Inbox: ib,
-		Effect: func(ctx context.Context, key string) error {
-			tx := gorminbox.Tx(ctx)
-			if tx == nil {
-				return errors.New("no transaction in the handler's context")
-			}
-			return tx.Exec(`INSERT INTO effects (key) VALUES (?)`, key).Error
-		},
-		Effects:   func(ctx context.Context) (map[string]int, error) { return fixtures.CountEffects(ctx, sqlDB) },
-		Processed: ib.Processed,
-		Cleaner:   ib,
-	}
+	return gormfixtures.Inbox(t, db, dialect.Postgres)
 }
 
 func goChannel(t *testing.T) *outboxtest.BrokerFixture {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
@@ -18,6 +17,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox/gorminbox"
+	"github.com/txoutbox/txoutbox/internal/gormfixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -58,40 +58,7 @@ func openGorm(t *testing.T, name string) (*gorm.DB, *sql.DB, dialect.Dialect) {
 
 func newFixture(t *testing.T, name string) *outboxtest.InboxFixture {
 	db, _, d := openGorm(t, name)
-	ib, err := gorminbox.New(db, gorminbox.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &outboxtest.InboxFixture{
-		Inbox: ib,
-		Effect: func(ctx context.Context, key string) error {
-			tx := gorminbox.Tx(ctx)
-			if tx == nil {
-				return errors.New("no GORM transaction in the handler's context")
-			}
-			return tx.Exec(`INSERT INTO effects (key) VALUES (?)`, key).Error
-		},
-		Effects: func(ctx context.Context) (map[string]int, error) {
-			var rows []struct {
-				Key string
-				N   int
-			}
-			if err := db.WithContext(ctx).Raw(`SELECT key, COUNT(*) AS n FROM effects GROUP BY key`).Scan(&rows).Error; err != nil {
-				return nil, err
-			}
-			out := map[string]int{}
-			for _, r := range rows {
-				out[r.Key] = r.N
-			}
-			return out, nil
-		},
-		Processed: ib.Processed,
-		Cleaner:   ib,
-		Backdate: func(ctx context.Context, consumer, eventID string, age time.Duration) error {
-			return db.WithContext(ctx).Exec(`UPDATE processed_events SET processed_at = ? WHERE consumer = ? AND event_id = ?`,
-				d.TimeArg(time.Now().Add(-age)), consumer, eventID).Error
-		},
-	}
+	return gormfixtures.Inbox(t, db, d)
 }
 
 func TestConformance(t *testing.T) {
