@@ -35,10 +35,12 @@ type Queries struct {
 	t     string // quoted, qualified table
 	cols  string
 	claim string
-	stats string
-	del   string
-	get   string
-	seq   string
+	// claimMarked and claimMarkedAsync: see ClaimMarked (PostgreSQL).
+	claimMarked, claimMarkedAsync string
+	stats                         string
+	del                           string
+	get                           string
+	seq                           string
 }
 
 // Queries returns the statements for the outbox table named table (""
@@ -65,6 +67,7 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 	case kindPostgres:
 		q.claim = "SELECT " + q.cols + " FROM " + q.t + " WHERE " + due +
 			" ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
+		q.buildClaimMarked(due)
 		q.stats = "SELECT event_type," +
 			" count(*) FILTER (WHERE dead_at IS NULL)," +
 			" count(*) FILTER (WHERE dead_at IS NOT NULL)," +
@@ -184,6 +187,12 @@ type failureJSON struct {
 // for the Dead ones. The failures travel as one JSON argument, so the
 // statement is the same size for 1 or 1000 of them.
 func (q *Queries) MarkFailed(fs []core.Failure) (string, []any, error) {
+	return q.markFailed(fs, true)
+}
+
+// markFailed is MarkFailed; count false leaves attempt_count alone and
+// makes the rows pending again (UnclaimFailed).
+func (q *Queries) markFailed(fs []core.Failure, count bool) (string, []any, error) {
 	rows := make([]failureJSON, len(fs))
 	for i, f := range fs {
 		// PostgreSQL text cannot hold NUL; a broker error containing one
@@ -203,7 +212,11 @@ func (q *Queries) MarkFailed(fs []core.Failure) (string, []any, error) {
 	var s string
 	switch q.d.kind {
 	case kindPostgres:
-		s = "UPDATE " + q.t + " AS o SET attempt_count = o.attempt_count + 1, last_error = f.err," +
+		set := "attempt_count = o.attempt_count + 1"
+		if !count {
+			set = "published_at = NULL"
+		}
+		s = "UPDATE " + q.t + " AS o SET " + set + ", last_error = f.err," +
 			" next_attempt_at = " + now + " + f.retry_us * interval '1 microsecond'," +
 			" dead_at = CASE WHEN f.dead THEN " + now + " END" +
 			" FROM jsonb_to_recordset(CAST(? AS jsonb)) AS f(seq bigint, err text, retry_us bigint, dead boolean)" +

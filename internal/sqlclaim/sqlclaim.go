@@ -299,3 +299,63 @@ func (l *leaseClaim) release(ctx context.Context, seqs []int64) error {
 	}
 	return nil
 }
+
+// QueryMarked runs a PostgreSQL claim-and-mark query (dialect
+// Queries.ClaimMarked) on tx, which Begin opened, and returns the claim
+// holding tx, its events in claim order. Its Commit only has to undo what
+// did not get published; on an error, or when nothing was claimed, it rolls
+// tx back.
+func (c *Claimer) QueryMarked(ctx context.Context, tx *sql.Tx, query string, args []any) (core.Claim, error) {
+	cl, err := c.QueryLocked(ctx, tx, query, args)
+	if err != nil {
+		return nil, err
+	}
+	l := cl.(*lockClaim)
+	if l.tx == nil {
+		return l, nil
+	}
+	dialect.SortClaimed(l.events)
+	return &markClaim{lockClaim: l}, nil
+}
+
+// markClaim is a PostgreSQL claim whose rows the claim already marked
+// published, in its still uncommitted transaction.
+type markClaim struct{ *lockClaim }
+
+// Commit turns the failed and the unmentioned events back into pending ones
+// (one UPDATE each, only when there are any) and commits, which makes the
+// rest published.
+func (m *markClaim) Commit(ctx context.Context, out core.Outcome) (err error) {
+	l := m.lockClaim
+	if err := l.finish(); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			l.c.Rollback(l.tx)
+		}
+	}()
+	unmentioned, err := l.check(out)
+	if err != nil {
+		return err
+	}
+	if len(out.Failed) > 0 {
+		query, args, err := l.c.Q.UnclaimFailed(out.Failed)
+		if err != nil {
+			return err
+		}
+		if _, err := l.tx.ExecContext(ctx, query, args...); err != nil {
+			return fmt.Errorf("%s: mark %d failed: %w", l.c.Prefix, len(out.Failed), err)
+		}
+	}
+	if len(unmentioned) > 0 {
+		query, args := l.c.Q.Unclaim(unmentioned)
+		if _, err := l.tx.ExecContext(ctx, query, args...); err != nil {
+			return fmt.Errorf("%s: release %d unmentioned events: %w", l.c.Prefix, len(unmentioned), err)
+		}
+	}
+	if err := l.tx.Commit(); err != nil {
+		return fmt.Errorf("%s: commit claim: %w", l.c.Prefix, err)
+	}
+	return nil
+}
