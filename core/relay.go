@@ -20,6 +20,14 @@ type RelayOptions struct {
 	// PollInterval is how long an idle worker waits before claiming again
 	// when nothing woke it. Default 1s.
 	PollInterval time.Duration
+	// Cooldown is the least time from the start of one claim of a worker to
+	// the start of its next when the first was not a full batch. It bounds
+	// how often a worker woken by every commit of busy producers claims, so
+	// that it takes a few events per claim instead of one, which costs the
+	// database (and so the producers) much less, for at most Cooldown of
+	// latency. A full batch is followed at once. Default 1ms; negative
+	// disables it.
+	Cooldown time.Duration
 	// Concurrency is the number of workers, each with its own claim.
 	// Default 1; capped by a store that implements ConcurrencyLimiter.
 	Concurrency int
@@ -51,6 +59,12 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 	}
 	if o.PollInterval == 0 {
 		o.PollInterval = time.Second
+	}
+	switch {
+	case o.Cooldown == 0:
+		o.Cooldown = time.Millisecond
+	case o.Cooldown < 0:
+		o.Cooldown = 0
 	}
 	if o.Concurrency == 0 {
 		o.Concurrency = 1
@@ -212,6 +226,7 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) {
 	errWait := time.Duration(0)
 	grace := len(wakeGrace) // no grace until woken
 	for {
+		start := time.Now()
 		res, err := r.processBatch(ctx, worker)
 		if ctx.Err() != nil {
 			return
@@ -225,9 +240,15 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) {
 		case res.Claimed == r.opts.BatchSize:
 			errWait = 0
 			continue // a full batch: more is probably waiting
+		case res.Claimed > 0 && grace < len(wakeGrace):
+			// Woken and busy: events notified before this claim may not
+			// have been committed in time for it, so look again soon even
+			// if no further Notify comes.
+			errWait = 0
+			grace = 1
+			wait = wakeGrace[0]
 		case res.Claimed > 0:
 			errWait = 0
-			grace = len(wakeGrace)
 			wait = r.opts.PollInterval
 		case grace < len(wakeGrace):
 			wait = wakeGrace[grace]
@@ -236,21 +257,46 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) {
 			errWait = 0
 			wait = r.opts.PollInterval
 		}
-		timer.Reset(wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.wake:
-			grace = 0
-		case <-timer.C:
+		if err == nil {
+			wait = max(wait, r.opts.Cooldown-time.Since(start))
 		}
+		if !r.sleep(ctx, timer, wait, &grace) {
+			return
+		}
+		if err == nil {
+			// A Notify may have cut the wait short: the cooldown still
+			// holds, and the Notifies during it coalesce into this claim.
+			if rest := r.opts.Cooldown - time.Since(start); rest > 0 && !r.sleep(ctx, timer, rest, nil) {
+				return
+			}
+		}
+	}
+}
+
+// sleep waits for d, a Notify (which restarts the wake grace, when grace is
+// not nil) or ctx; it reports false if ctx ended.
+func (r *Relay) sleep(ctx context.Context, timer *time.Timer, d time.Duration, grace *int) bool {
+	timer.Reset(d)
+	defer func() {
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
 			default:
 			}
 		}
+	}()
+	wake := r.wake
+	if grace == nil {
+		wake = nil // the cooldown: a Notify stays pending for after it
 	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-wake:
+		*grace = 0
+	case <-timer.C:
+	}
+	return true
 }
 
 // ProcessBatch claims one batch, publishes it and records the outcome. It is

@@ -217,6 +217,70 @@ func TestNotifyWakesIdleRelay(t *testing.T) {
 	}
 }
 
+// A worker woken by Notify keeps looking for a little while after a claim
+// that found events: a producer that notified before that claim may commit
+// just after it, and must not wait for the poll.
+func TestWakeGraceOutlivesPartialClaim(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	pub := &recordingPub{}
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, PollInterval: time.Hour})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _ = r.Run(ctx) }()
+	time.Sleep(20 * time.Millisecond)
+	s.add(testEvents(1, "t")...)
+	r.Notify()
+	waitFor(t, func() bool { return pub.count() == 1 }, "the notified event")
+	// Notified with the first, committed only now; no Notify of its own.
+	s.add(testEvents(1, "t")...)
+	waitFor(t, func() bool { return pub.count() == 2 }, "the event committed after the claim (poll interval 1h)")
+}
+
+// countingStore counts the claims of a memStore.
+type countingStore struct {
+	*memStore
+	claims atomic.Int64
+}
+
+func (s *countingStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error) {
+	s.claims.Add(1)
+	return s.memStore.Claim(ctx, req)
+}
+
+// Notifies faster than the cooldown coalesce: a worker claims at most once
+// per Cooldown, and still publishes everything.
+func TestCooldownBoundsClaimRate(t *testing.T) {
+	t.Parallel()
+	s := &countingStore{memStore: newMemStore()}
+	pub := &recordingPub{}
+	const cooldown = 25 * time.Millisecond
+	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, PollInterval: time.Hour, Cooldown: cooldown})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _ = r.Run(ctx) }()
+	time.Sleep(10 * time.Millisecond)
+	before := s.claims.Load()
+	start := time.Now()
+	const n = 200
+	for range n {
+		s.add(testEvents(1, "t")...)
+		r.Notify()
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	waitFor(t, func() bool { return pub.count() == n }, "all notified events")
+	claims := s.claims.Load() - before
+	// One claim per cooldown while notified, plus the wake grace's few
+	// looks after the last event.
+	if most := int64(elapsed/cooldown) + 2 + int64(len(wakeGrace)); claims > most {
+		t.Errorf("%d claims in %s with a %s cooldown, want at most %d", claims, elapsed, cooldown, most)
+	}
+	if claims >= n/2 {
+		t.Errorf("%d claims for %d notifies: they did not coalesce", claims, n)
+	}
+}
+
 func TestShutdownLetsBatchInFlightFinish(t *testing.T) {
 	t.Parallel()
 	s := newMemStore()
@@ -266,5 +330,18 @@ func TestShutdownTimeoutReleasesBatchUnmarked(t *testing.T) {
 	}
 	if c := r.Counters(); c.Released != 2 {
 		t.Errorf("counters %+v, want 2 released", c)
+	}
+}
+
+// waitFor polls cond for up to 5s and fails the test naming what did not
+// happen.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
