@@ -75,7 +75,7 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 		return nil
 	})
 	timed := &timedStore{Store: relayBox}
-	relay, err := core.NewRelay(timed, pub, core.RelayOptions{BatchSize: 100, PollInterval: b.c.PollInterval, Logger: b.log})
+	relay, err := core.NewRelay(timed, pub, core.RelayOptions{BatchSize: 100, PollInterval: b.c.PollInterval, Cooldown: b.c.Cooldown, Logger: b.log})
 	if err != nil {
 		return latencies{}, err
 	}

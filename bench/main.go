@@ -52,6 +52,7 @@ type config struct {
 	LatencyRate    int           // c: events per second
 	LatencyFor     time.Duration // c: per mode
 	PollInterval   time.Duration // c: the relay's poll
+	Cooldown       time.Duration // c, d: the relays' RelayOptions.Cooldown (0: its default)
 	Producers      int           // d: concurrent producer connections
 	ProducerFor    time.Duration // d: per run
 	Retained       int           // e: published rows kept
@@ -98,11 +99,12 @@ func main() {
 	rounds := flag.Int("rounds", 0, "repetitions of each throughput measurement (default 2, 1 with -quick)")
 	backlog := flag.Int("backlog", 0, "a: backlog size (default 200000)")
 	retained := flag.Int("retained", 0, "e: published rows retained (default 5000000)")
+	cooldown := flag.Duration("cooldown", 0, "c, d: the relays' Cooldown between claims (default the relay's, 1ms; negative: none)")
 	verbose := flag.Bool("v", false, "progress on stderr")
 	flag.Parse()
 
 	c := defaults(*quick)
-	c.DSN, c.Keep, c.Only = *dsn, *keep, *only
+	c.DSN, c.Keep, c.Only, c.Cooldown = *dsn, *keep, *only, *cooldown
 	if *rounds > 0 {
 		c.Rounds = *rounds
 	}

@@ -92,7 +92,7 @@ func (b *bench) producerRun(ctx context.Context, variant string) (float64, error
 		if err != nil {
 			return 0, err
 		}
-		if relay, err = core.NewRelay(relayBox, pub, core.RelayOptions{BatchSize: 100, PollInterval: b.c.PollInterval, Logger: b.quiet}); err != nil {
+		if relay, err = core.NewRelay(relayBox, pub, core.RelayOptions{BatchSize: 100, PollInterval: b.c.PollInterval, Cooldown: b.c.Cooldown, Logger: b.quiet}); err != nil {
 			return 0, err
 		}
 		opts.Notifier = relay
