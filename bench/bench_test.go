@@ -43,7 +43,8 @@ func TestQuickRun(t *testing.T) {
 		"| b  relay drain vs Watermill", "| b' relay drain vs Watermill",
 		"| c  latency p50 at 1000/s, in-process", "| c  latency p99 at 1000/s, in-process",
 		"| c  latency p50 at 1000/s, LISTEN/NOTIFY", "| c  latency p99 at 1000/s, LISTEN/NOTIFY",
-		"| d  producer tx/s with the outbox row", "| d  producer tx/s with a relay draining beside, in-process",
+		"| d  producer tx/s with the outbox row (ExecWithEvents", "| d' producer tx/s with the outbox row (Enqueue",
+		"| d  producer tx/s with a relay draining beside, in-process",
 		"| d  producer tx/s with a relay draining beside, debounced NOTIFY", "| d' producer tx/s with pg_notify",
 		"| e  claim latency p50", "| e  claim latency p99",
 	}

@@ -137,6 +137,10 @@ func (d Dialect) Name() string {
 // String returns Name.
 func (d Dialect) String() string { return d.Name() }
 
+// DataModifyingWith reports whether the dialect runs INSERTs inside a WITH
+// clause of another statement (PostgreSQL), which Queries.InsertWith needs.
+func (d Dialect) DataModifyingWith() bool { return d.kind == kindPostgres }
+
 // IsZero reports whether d is the zero Dialect, i.e. none was chosen.
 func (d Dialect) IsZero() bool { return d.kind == 0 }
 

@@ -110,6 +110,15 @@ func (q *Queries) Table() Identifier { return q.id }
 // come back in any order; ids grow in the order of events, so sort the
 // returned rows by id to pair them with events.
 func (q *Queries) Insert(events []core.Event) (string, []any, error) {
+	stmt, args, err := q.insertValues(events)
+	if err != nil {
+		return "", nil, err
+	}
+	return q.d.rebind(stmt + " RETURNING id, created_at"), args, nil
+}
+
+// insertValues is the INSERT ... VALUES of events with ? placeholders.
+func (q *Queries) insertValues(events []core.Event) (string, []any, error) {
 	if len(events) == 0 || len(events) > MaxInsertRows {
 		return "", nil, fmt.Errorf("txoutbox/dialect: Insert takes 1 to %d events, got %d", MaxInsertRows, len(events))
 	}
@@ -139,8 +148,90 @@ func (q *Queries) Insert(events []core.Event) (string, []any, error) {
 		}
 		args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), headers)
 	}
-	b.WriteString(" RETURNING id, created_at")
-	return q.d.rebind(b.String()), args, nil
+	return b.String(), args, nil
+}
+
+// ErrNotAttachable is returned (wrapped) by InsertWith for a statement that
+// cannot carry the outbox INSERT: one on a dialect without data-modifying
+// WITH (SQLite), or one that is not a single INSERT, UPDATE, DELETE or
+// SELECT, optionally with a WITH clause of its own.
+var ErrNotAttachable = errors.New("txoutbox/dialect: statement cannot carry the outbox insert")
+
+// InsertWith returns stmt with the INSERT of events (at most MaxInsertRows,
+// each already Prepared) attached as a data-modifying WITH query, so that
+// the business write and its events travel in one statement, one round
+// trip (PostgreSQL only). stmt uses the placeholders $1 to $nargs; the
+// events' parameters follow them, and the returned args are those of the
+// events alone, to append to stmt's.
+//
+// PostgreSQL runs a data-modifying WITH query exactly once, whether or not
+// the statement reads it, and in the same snapshot and transaction as the
+// statement: the events are written if and only if the statement succeeds
+// and its transaction commits. The statement's own result (rows affected,
+// RETURNING rows) is unchanged.
+func (q *Queries) InsertWith(stmt string, nargs int, events []core.Event) (string, []any, error) {
+	if q.d.kind != kindPostgres {
+		return "", nil, fmt.Errorf("%w: %s has no data-modifying WITH", ErrNotAttachable, q.d)
+	}
+	if nargs < 0 {
+		return "", nil, fmt.Errorf("%w: negative argument count %d", ErrNotAttachable, nargs)
+	}
+	const space = " \t\r\n"
+	body := strings.TrimLeft(stmt, space)
+	keyword, rest := firstWord(body)
+	prefix, sep := "WITH ", " "
+	switch strings.ToUpper(keyword) {
+	case "INSERT", "UPDATE", "DELETE", "SELECT":
+	case "WITH":
+		// Become the first query of the statement's own WITH list;
+		// RECURSIVE allows non-recursive members too.
+		body, sep = strings.TrimLeft(rest, space), ", "
+		if w, r := firstWord(body); strings.EqualFold(w, "RECURSIVE") {
+			prefix, body = "WITH RECURSIVE ", strings.TrimLeft(r, space)
+		}
+		if body == "" {
+			return "", nil, fmt.Errorf("%w: nothing follows WITH", ErrNotAttachable)
+		}
+	default:
+		return "", nil, fmt.Errorf("%w: it must start with INSERT, UPDATE, DELETE, SELECT or WITH, not %.20q", ErrNotAttachable, body)
+	}
+	ins, args, err := q.insertValues(events)
+	if err != nil {
+		return "", nil, err
+	}
+	var b strings.Builder
+	b.Grow(len(stmt) + len(ins) + 64)
+	b.WriteString(prefix)
+	b.WriteString(withName)
+	b.WriteString(" AS (")
+	n := nargs
+	for i := 0; i < len(ins); i++ {
+		if ins[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(ins[i])
+	}
+	b.WriteString(")")
+	b.WriteString(sep)
+	b.WriteString(body)
+	return b.String(), args, nil
+}
+
+// withName names the WITH query InsertWith adds; the statement it rides on
+// must not name one of its own so.
+const withName = "txoutbox_enqueue"
+
+// firstWord splits s (without leading space) after its leading run of
+// letters.
+func firstWord(s string) (word, rest string) {
+	i := 0
+	for i < len(s) && (s[i] >= 'a' && s[i] <= 'z' || s[i] >= 'A' && s[i] <= 'Z') {
+		i++
+	}
+	return s[:i], s[i:]
 }
 
 // Claim returns the statement that claims up to limit due events, oldest

@@ -237,6 +237,17 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, events ...core.Event) error
 	if tx == nil {
 		return fmt.Errorf("%w: Enqueue needs a transaction", core.ErrInvalidOptions)
 	}
+	if err := o.write(ctx, tx, events); err != nil {
+		return err
+	}
+	if o.opts.Notifier != nil {
+		o.opts.Notifier.Notify()
+	}
+	return nil
+}
+
+// write is Enqueue without the notification.
+func (o *Outbox) write(ctx context.Context, tx Tx, events []core.Event) error {
 	if err := core.RunEnqueueHooks(ctx, events, o.opts.Hooks); err != nil {
 		return err
 	}
@@ -246,10 +257,61 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, events ...core.Event) error
 			return err
 		}
 	}
+	return nil
+}
+
+// ExecWithEvents runs the caller's write statement query (with args) in tx
+// and writes events with it, so that they are published if and only if tx
+// commits, like Enqueue. On PostgreSQL the events' INSERT rides on the
+// statement itself as a data-modifying WITH query (see
+// dialect.Queries.InsertWith): the business write and its events cost one
+// round trip instead of two, which is most of what an outbox adds to a
+// short producer transaction. Elsewhere, and for more than
+// dialect.MaxInsertRows events, it runs Enqueue and then the statement.
+//
+// query must be a single INSERT, UPDATE, DELETE or SELECT, optionally with a
+// WITH clause of its own, numbering its placeholders $1 to $len(args); the
+// events' parameters are numbered after them. Anything else fails with an
+// error wrapping dialect.ErrNotAttachable before anything is written. The
+// result is the statement's own.
+//
+// The events' IDs are written back into events as by Enqueue; their Seq and
+// CreatedAt are left zero on the one-statement path, which returns no rows
+// of its own. The Notifier is told after the statement succeeded.
+func (o *Outbox) ExecWithEvents(ctx context.Context, tx Tx, query string, args []any, events ...core.Event) (sql.Result, error) {
+	if tx == nil {
+		return nil, fmt.Errorf("%w: ExecWithEvents needs a transaction", core.ErrInvalidOptions)
+	}
+	if len(events) == 0 {
+		return tx.ExecContext(ctx, query, args...)
+	}
+	var res sql.Result
+	if !o.d.DataModifyingWith() || len(events) > dialect.MaxInsertRows {
+		if err := o.write(ctx, tx, events); err != nil {
+			return nil, err
+		}
+		var err error
+		if res, err = tx.ExecContext(ctx, query, args...); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := core.RunEnqueueHooks(ctx, events, o.opts.Hooks); err != nil {
+			return nil, err
+		}
+		stmt, evArgs, err := o.q.InsertWith(query, len(args), events)
+		if err != nil {
+			return nil, err
+		}
+		all := make([]any, 0, len(args)+len(evArgs))
+		all = append(append(all, args...), evArgs...)
+		if res, err = tx.ExecContext(ctx, stmt, all...); err != nil {
+			return nil, fmt.Errorf("txoutbox/sqlx: statement with %d events: %w", len(events), err)
+		}
+	}
 	if o.opts.Notifier != nil {
 		o.opts.Notifier.Notify()
 	}
-	return nil
+	return res, nil
 }
 
 type inserted struct {
