@@ -161,6 +161,16 @@ func secondsToDuration(s float64) time.Duration {
 // claimed event and encoding/json's reflection was the relay's largest CPU
 // cost, so the plain case (no escapes, valid UTF-8) is parsed directly;
 // anything else goes to encoding/json, whose result is the reference.
+// DecodeHeaders decodes the headers column of an event row, as ScanEvent
+// does: nil for an empty object. It is for stores that scan rows without
+// database/sql.
+func DecodeHeaders(b []byte) (map[string]string, error) {
+	if len(b) == 0 || string(b) == "{}" {
+		return nil, nil
+	}
+	return decodeHeaders(b)
+}
+
 func decodeHeaders(b []byte) (map[string]string, error) {
 	if h, ok := decodeFlatObject(b); ok {
 		return h, nil

@@ -132,6 +132,8 @@ type Outbox struct {
 	opts Options
 	// claims opens and finishes the relay's claims (claim.go).
 	claims *sqlclaim.Claimer
+	// native: claims run on pgx's connections (sqlclaim.QueryMarkedNative).
+	native bool
 }
 
 var (
@@ -184,6 +186,7 @@ func NewDB(db *sql.DB, opts Options) (*Outbox, error) {
 	return &Outbox{
 		db: db, d: opts.Dialect, q: q, opts: opts,
 		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "txoutbox/sqlx", AsyncMark: opts.AsyncMark},
+		native: opts.Dialect.ClaimMode() == dialect.ClaimRowLocks && sqlclaim.Native(db),
 	}, nil
 }
 

@@ -1,0 +1,4 @@
+package sqlxoutbox
+
+// NativeClaims reports whether o claims on pgx's own connections.
+func NativeClaims(o *Outbox) bool { return o.native }
