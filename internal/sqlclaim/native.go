@@ -115,12 +115,12 @@ func scanNative(rows pgx.Rows) ([]core.Event, error) {
 	var evs []core.Event
 	for rows.Next() {
 		var (
-			ev                    core.Event
-			id                    pgtype.UUID
-			payload, headers      []byte
-			published, dead       pgtype.Timestamptz
-			attempts              int32
-			lastError             pgtype.Text
+			ev                   core.Event
+			id                   pgtype.UUID
+			payload, headers     []byte
+			published, dead      pgtype.Timestamptz
+			attempts             int32
+			lastError            pgtype.Text
 			created, nextAttempt time.Time
 		)
 		if err := rows.Scan(&ev.Seq, &id, &ev.AggregateType, &ev.AggregateID, &ev.EventType, &payload, &headers,
