@@ -40,7 +40,7 @@ func TestQuickRun(t *testing.T) {
 	// One prefix per row, in the order the table prints them.
 	wantRows := []string{
 		"| a  relay drain vs raw SQL", "| a' relay drain with AsyncMark", "| a'' relay drain vs the textbook",
-		"| b  relay drain vs Watermill", "| b' relay drain vs Watermill",
+		"| b  relay drain vs Watermill", "| b' relay drain vs Watermill", "| b'' 20× the Watermill figure",
 		"| c  latency p50 at 1000/s, in-process", "| c  latency p99 at 1000/s, in-process",
 		"| c  latency p50 at 1000/s, LISTEN/NOTIFY", "| c  latency p99 at 1000/s, LISTEN/NOTIFY",
 		"| d  producer tx/s with the outbox row (ExecWithEvents", "| d' producer tx/s with the outbox row (Enqueue",

@@ -85,3 +85,56 @@ func Example() {
 	// published order.created for order o-1: {"order_id":"o-1","total_cents":4200}
 	// pending: 0
 }
+
+// Write an order and its event with one call. On PostgreSQL the event's
+// INSERT rides on the order's statement (one round trip, the cheapest way to
+// add an outbox to a short transaction); on SQLite, as here, the same call
+// writes them one after the other.
+func ExampleOutbox_ExecWithEvents() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "txoutbox-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	db, err := sqlx.Open("sqlite", "file:"+filepath.Join(dir, "shop.db")+
+		"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_txlock=immediate")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	silent := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := dialect.Migrate(ctx, db.DB, dialect.SQLite, dialect.MigrateOptions{Logger: silent}); err != nil {
+		log.Fatal(err)
+	}
+	db.MustExec("CREATE TABLE orders (id TEXT PRIMARY KEY, total_cents INTEGER NOT NULL)")
+	box, err := sqlxoutbox.New(db, sqlxoutbox.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ev, err := core.NewEvent("order", "o-7", "order.created", map[string]any{"order_id": "o-7", "total_cents": 990})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// On PostgreSQL: "INSERT INTO orders (id, total_cents) VALUES ($1, $2)".
+	res, err := box.ExecWithEvents(ctx, tx, "INSERT INTO orders (id, total_cents) VALUES (?, ?)", []any{"o-7", 990}, ev)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+	n, _ := res.RowsAffected()
+	stats, err := box.Stats(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("orders written:", n, "events pending:", stats.Pending)
+	// Output:
+	// orders written: 1 events pending: 1
+}
