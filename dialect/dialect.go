@@ -244,7 +244,12 @@ func (d Dialect) rebind(q string) string {
 	}
 	var b strings.Builder
 	b.Grow(len(q) + 16)
-	n := 0
+	writeDollars(&b, q, 0)
+	return b.String()
+}
+
+// writeDollars writes q to b with its ? placeholders numbered $n+1, $n+2, ...
+func writeDollars(b *strings.Builder, q string, n int) {
 	for i := 0; i < len(q); i++ {
 		if q[i] == '?' {
 			n++
@@ -254,7 +259,6 @@ func (d Dialect) rebind(q string) string {
 		}
 		b.WriteByte(q[i])
 	}
-	return b.String()
 }
 
 // sqliteTimeFormat is how SQLite columns store timestamps: UTC, fixed width,

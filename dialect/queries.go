@@ -204,16 +204,7 @@ func (q *Queries) InsertWith(stmt string, nargs int, events []core.Event) (strin
 	b.WriteString(prefix)
 	b.WriteString(withName)
 	b.WriteString(" AS (")
-	n := nargs
-	for i := 0; i < len(ins); i++ {
-		if ins[i] == '?' {
-			n++
-			b.WriteByte('$')
-			b.WriteString(strconv.Itoa(n))
-			continue
-		}
-		b.WriteByte(ins[i])
-	}
+	writeDollars(&b, ins, nargs)
 	b.WriteString(")")
 	b.WriteString(sep)
 	b.WriteString(body)
