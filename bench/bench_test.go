@@ -39,7 +39,7 @@ func TestQuickRun(t *testing.T) {
 	}
 	// One prefix per row, in the order the table prints them.
 	wantRows := []string{
-		"| a  relay drain vs raw SQL", "| a' relay drain with AsyncMark", "| a'' relay drain vs the textbook",
+		"| a  relay drain vs raw SQL", "| a' relay drain with SyncMark", "| a'' relay drain vs the textbook",
 		"| b  relay drain vs Watermill", "| b' relay drain vs Watermill", "| b'' 20× the Watermill figure",
 		"| c  latency p50 at 1000/s, in-process", "| c  latency p99 at 1000/s, in-process",
 		"| c  latency p50 at 1000/s, LISTEN/NOTIFY", "| c  latency p99 at 1000/s, LISTEN/NOTIFY",
@@ -127,7 +127,7 @@ func BenchmarkRawClaimMark(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
-	n, err := rawDrain(ctx, conn, b.N)
+	n, err := rawDrain(ctx, conn, rawClaimAsync, b.N)
 	if err != nil || n != 100*b.N {
 		b.Fatalf("%d %v", n, err)
 	}

@@ -26,9 +26,9 @@ func (o *Outbox) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, 
 		query, args := o.q.Claim(req.Limit, o.opts.ClaimLease)
 		return o.claims.QueryLeased(ctx, query, args, dialect.SortClaimed)
 	}
-	query, args := o.q.ClaimMarked(req.Limit, o.opts.AsyncMark)
+	query, args := o.q.ClaimMarked(req.Limit, !o.opts.SyncMark)
 	if o.native {
-		return o.claims.QueryMarkedNative(ctx, query, args)
+		return o.claims.QueryMarkedNative(ctx, query, args, req.Limit)
 	}
 	tx, err := o.claims.Begin(ctx)
 	if err != nil {

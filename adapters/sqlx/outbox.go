@@ -110,14 +110,19 @@ type Options struct {
 	// publish of a batch. Default DefaultClaimLease. Unused on PostgreSQL,
 	// where the claim's row locks last exactly as long as the claim.
 	ClaimLease time.Duration
-	// AsyncMark commits the relay's marks of published events with
-	// synchronous_commit off, in the mark UPDATE itself (PostgreSQL;
-	// dialect.Queries.MarkPublishedAsync, no extra round trip), so that the
-	// relay does not wait for their WAL flush. A mark lost in a crash of the
-	// database leaves its events pending: they are published again and the
-	// consumers' inbox drops the duplicates. Producers' transactions keep
-	// the server's setting. No effect on SQLite.
-	AsyncMark bool
+	// SyncMark makes the relay's claims wait for the WAL flush of their
+	// commit. By default (false) on PostgreSQL a claim's transaction, which
+	// marks its events published or records their failures, commits with
+	// synchronous_commit off, set in the claim statement itself (no extra
+	// round trip): the relay does not wait for the flush, and producers'
+	// commits do not queue behind its flushes. A mark lost in a crash of the
+	// database (at most wal_writer_delay × 3 of marks, 600 ms by default)
+	// leaves its events pending: they are published again, as after any
+	// crash between publish and mark, and the consumers' inbox drops the
+	// duplicates. Producers' transactions keep the server's setting. Set
+	// SyncMark when a duplicate after a database crash costs more than the
+	// relay's waits. No effect on SQLite.
+	SyncMark bool
 	// Logger receives the adapter's warnings. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -185,7 +190,7 @@ func NewDB(db *sql.DB, opts Options) (*Outbox, error) {
 	}
 	return &Outbox{
 		db: db, d: opts.Dialect, q: q, opts: opts,
-		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "txoutbox/sqlx", AsyncMark: opts.AsyncMark},
+		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "txoutbox/sqlx", AsyncMark: !opts.SyncMark},
 		native: opts.Dialect.ClaimMode() == dialect.ClaimRowLocks && sqlclaim.Native(db),
 	}, nil
 }

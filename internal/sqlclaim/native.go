@@ -50,9 +50,9 @@ var errNotPgx = errors.New("connection is not pgx's")
 // QueryMarkedNative is QueryMarked on pgx's connection: it reserves a
 // connection of c.DB, sends BEGIN and the claim-and-mark query in one round
 // trip and returns the claim holding that transaction, its events in claim
-// order. On an error, or when nothing was claimed, the connection goes back
-// to the pool with no transaction open.
-func (c *Claimer) QueryMarkedNative(ctx context.Context, query string, args []any) (core.Claim, error) {
+// order; limit is the claim's LIMIT. On an error, or when nothing was
+// claimed, the connection goes back to the pool with no transaction open.
+func (c *Claimer) QueryMarkedNative(ctx context.Context, query string, args []any, limit int) (core.Claim, error) {
 	conn, err := c.DB.Conn(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("%s: claim: %w", c.Prefix, err)
@@ -65,7 +65,7 @@ func (c *Claimer) QueryMarkedNative(ctx context.Context, query string, args []an
 		}
 		pc := sc.Conn()
 		var qerr error
-		evs, qerr = claimNative(ctx, pc, query, args)
+		evs, qerr = claimNative(ctx, pc, query, args, limit)
 		if qerr != nil || len(evs) == 0 {
 			return errors.Join(qerr, endNative(pc, "ROLLBACK"))
 		}
@@ -92,7 +92,7 @@ func (c *Claimer) QueryMarkedNative(ctx context.Context, query string, args []an
 	return &nativeClaim{base: newBase(evs), c: c, conn: conn}, nil
 }
 
-func claimNative(ctx context.Context, pc *pgx.Conn, query string, args []any) ([]core.Event, error) {
+func claimNative(ctx context.Context, pc *pgx.Conn, query string, args []any, limit int) ([]core.Event, error) {
 	var b pgx.Batch
 	b.Queue("BEGIN")
 	b.Queue(query, args...)
@@ -104,43 +104,55 @@ func claimNative(ctx context.Context, pc *pgx.Conn, query string, args []any) ([
 	if err != nil {
 		return nil, errors.Join(err, br.Close())
 	}
-	evs, err := scanNative(rows)
+	evs, err := scanNative(rows, limit)
 	return evs, errors.Join(err, br.Close())
 }
 
 // scanNative reads the rows of an event-returning statement (the columns
-// of dialect's event statements, in their order).
-func scanNative(rows pgx.Rows) ([]core.Event, error) {
+// of dialect's event statements, in their order), expecting at most limit.
+func scanNative(rows pgx.Rows, limit int) ([]core.Event, error) {
 	defer rows.Close()
-	var evs []core.Event
+	// Sized for a full batch: growing a slice of events by doubling copied
+	// each of them several times.
+	evs := make([]core.Event, 0, limit)
+	// One set of scan targets for all rows: declared in the loop, each
+	// row's would escape to the heap through rows.Scan. pgx copies what it
+	// scans into []byte and string, so nothing below aliases a later row.
+	var (
+		seq                   int64
+		id                    pgtype.UUID
+		aggType, aggID, evTyp string
+		payload, headers      []byte
+		published, dead       pgtype.Timestamptz
+		attempts              int32
+		lastError             pgtype.Text
+		created, nextAttempt  time.Time
+	)
+	dest := []any{&seq, &id, &aggType, &aggID, &evTyp, &payload, &headers,
+		&created, &published, &attempts, &lastError, &nextAttempt, &dead}
 	for rows.Next() {
-		var (
-			ev                   core.Event
-			id                   pgtype.UUID
-			payload, headers     []byte
-			published, dead      pgtype.Timestamptz
-			attempts             int32
-			lastError            pgtype.Text
-			created, nextAttempt time.Time
-		)
-		if err := rows.Scan(&ev.Seq, &id, &ev.AggregateType, &ev.AggregateID, &ev.EventType, &payload, &headers,
-			&created, &published, &attempts, &lastError, &nextAttempt, &dead); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		h, err := dialect.DecodeHeaders(headers)
 		if err != nil {
-			return nil, fmt.Errorf("headers of event %d: %w", ev.Seq, err)
+			return nil, fmt.Errorf("headers of event %d: %w", seq, err)
 		}
-		ev.ID = uuid.UUID(id.Bytes).String()
-		ev.Payload = json.RawMessage(payload)
-		ev.Headers = h
-		ev.CreatedAt = created
-		ev.PublishedAt = timePtr(published)
-		ev.AttemptCount = int(attempts)
-		ev.LastError = lastError.String
-		ev.NextAttemptAt = nextAttempt
-		ev.DeadAt = timePtr(dead)
-		evs = append(evs, ev)
+		evs = append(evs, core.Event{
+			Seq:           seq,
+			ID:            uuid.UUID(id.Bytes).String(),
+			AggregateType: aggType,
+			AggregateID:   aggID,
+			EventType:     evTyp,
+			Payload:       json.RawMessage(payload),
+			Headers:       h,
+			CreatedAt:     created,
+			PublishedAt:   timePtr(published),
+			AttemptCount:  int(attempts),
+			LastError:     lastError.String,
+			NextAttemptAt: nextAttempt,
+			DeadAt:        timePtr(dead),
+		})
 	}
 	return evs, rows.Err()
 }

@@ -126,16 +126,16 @@ func (c *Claimer) Mark(ctx context.Context, tx Execer, out core.Outcome) error {
 // and the check of an outcome against the claim.
 type base struct {
 	events []core.Event
-	seqs   map[int64]bool
+	index  map[int64]int // seq -> position in events
 	done   atomic.Bool
 }
 
 func newBase(evs []core.Event) base {
-	seqs := make(map[int64]bool, len(evs))
+	index := make(map[int64]int, len(evs))
 	for i := range evs {
-		seqs[evs[i].Seq] = true
+		index[evs[i].Seq] = i
 	}
-	return base{events: evs, seqs: seqs}
+	return base{events: evs, index: index}
 }
 
 // Events implements core.Claim.
@@ -152,15 +152,16 @@ func (b *base) finish() error {
 // check validates out against the claim and returns the claimed seqs it
 // does not mention.
 func (b *base) check(out core.Outcome) (unmentioned []int64, err error) {
-	seen := make(map[int64]bool, len(out.Published)+len(out.Failed))
+	seen := make([]bool, len(b.events))
 	mark := func(seq int64) error {
-		if !b.seqs[seq] {
+		i, ok := b.index[seq]
+		if !ok {
 			return fmt.Errorf("%w: event %d is not in the claim", core.ErrInvalidOutcome, seq)
 		}
-		if seen[seq] {
+		if seen[i] {
 			return fmt.Errorf("%w: event %d appears twice", core.ErrInvalidOutcome, seq)
 		}
-		seen[seq] = true
+		seen[i] = true
 		return nil
 	}
 	for _, seq := range out.Published {
@@ -174,8 +175,8 @@ func (b *base) check(out core.Outcome) (unmentioned []int64, err error) {
 		}
 	}
 	for i := range b.events {
-		if seq := b.events[i].Seq; !seen[seq] {
-			unmentioned = append(unmentioned, seq)
+		if !seen[i] {
+			unmentioned = append(unmentioned, b.events[i].Seq)
 		}
 	}
 	return unmentioned, nil

@@ -2,6 +2,8 @@ package sqlxoutbox_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
@@ -12,18 +14,28 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
-// TestAsyncMark runs a relay over an Outbox with AsyncMark on PostgreSQL:
-// the marks take dialect.Queries.MarkPublishedAsync (whose effect on
-// synchronous_commit the dialect tests check) and record the outcome as the
-// plain mark does. On SQLite the option changes nothing.
-func TestAsyncMark(t *testing.T) {
+// TestMarkCommit runs a relay over an Outbox on PostgreSQL with its default
+// asynchronous mark commit and with SyncMark: the claim statement sets
+// synchronous_commit off for its own transaction only by default (seen in
+// the statement of the open claim; the dialect tests check its effect), and
+// both record the outcome alike.
+func TestMarkCommit(t *testing.T) {
 	t.Parallel()
+	for _, sync := range []bool{false, true} {
+		t.Run(fmt.Sprintf("SyncMark=%v", sync), func(t *testing.T) {
+			t.Parallel()
+			testMarkCommit(t, sync)
+		})
+	}
+}
+
+func testMarkCommit(t *testing.T, sync bool) {
 	ctx := context.Background()
 	db := sqlx.NewDb(testenv.OpenPostgres(t), "pgx")
 	if err := dialect.Migrate(ctx, db.DB, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
-	box, err := sqlxoutbox.New(db, sqlxoutbox.Options{AsyncMark: true, Logger: quiet})
+	box, err := sqlxoutbox.New(db, sqlxoutbox.Options{SyncMark: sync, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +56,21 @@ func TestAsyncMark(t *testing.T) {
 		}
 		return be.ErrOrNil()
 	})
+	// The open claim's statement, as the server shows it.
+	c, err := box.Claim(ctx, core.ClaimRequest{Limit: 10})
+	if err != nil || len(c.Events()) != 5 {
+		t.Fatalf("claim: %v", err)
+	}
+	var stmt string
+	if err := db.GetContext(ctx, &stmt, "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'"); err != nil {
+		t.Fatal(err)
+	}
+	if async := strings.Contains(stmt, "set_config('synchronous_commit', 'off', true)"); async == sync {
+		t.Errorf("SyncMark %v, claim statement %q", sync, stmt)
+	}
+	if err := c.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 	relay, err := core.NewRelay(box, pub, core.RelayOptions{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
