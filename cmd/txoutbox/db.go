@@ -53,6 +53,12 @@ func (d *database) Close() error { return d.db.Close() }
 
 // openOutbox opens the database of --dsn and the Outbox of --table on it.
 func (a *app) openOutbox(ctx context.Context) (*database, *sqlxoutbox.Outbox, error) {
+	return a.openOutboxWith(ctx, sqlxoutbox.Options{})
+}
+
+// openOutboxWith is openOutbox with further Outbox options; the dialect,
+// table and logger come from the flags.
+func (a *app) openOutboxWith(ctx context.Context, opts sqlxoutbox.Options) (*database, *sqlxoutbox.Outbox, error) {
 	dsn, err := a.requireDSN()
 	if err != nil {
 		return nil, nil, err
@@ -61,7 +67,8 @@ func (a *app) openOutbox(ctx context.Context) (*database, *sqlxoutbox.Outbox, er
 	if err != nil {
 		return nil, nil, err
 	}
-	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: a.table, Logger: a.log})
+	opts.Dialect, opts.Table, opts.Logger = db.dialect, a.table, a.log
+	ob, err := sqlxoutbox.NewDB(db.db, opts)
 	if err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)

@@ -343,26 +343,32 @@ func TestStats(t *testing.T) {
 	ok(t, f.dsn, "stats", "--max-age", "1h")
 }
 
+// The relay drains everything, with its marks committed asynchronously (the
+// default) and with --sync-mark.
 func TestRelayDrainPublishesEverything(t *testing.T) {
-	f := newFixture(t)
-	evs := append(f.enqueue(t, "order.created", "1", 120), f.enqueue(t, "order.paid", "2", 5)...)
-	r := ok(t, f.dsn, "relay", "--broker", "log://", "--drain", "--http-addr", "", "--batch-size", "50", "--log-format", "json")
-	ids := sinkIDs(t, r.stdout)
-	if len(ids) != len(evs) {
-		t.Fatalf("sink printed %d events, want %d", len(ids), len(evs))
-	}
-	want := idSet(evs)
-	for _, id := range ids {
-		if !want[id] {
-			t.Fatalf("sink printed unknown or duplicate event %s", id)
-		}
-		delete(want, id)
-	}
-	if n := f.count(t, "published_at IS NULL"); n != 0 {
-		t.Fatalf("%d events unpublished after drain", n)
-	}
-	if !strings.Contains(r.stderr, `"msg":"txoutbox: relay drained"`) || !strings.Contains(r.stderr, `"published":125`) {
-		t.Fatalf("no structured summary log:\n%s", r.stderr)
+	for _, extra := range [][]string{nil, {"--sync-mark"}} {
+		t.Run(fmt.Sprint(extra), func(t *testing.T) {
+			f := newFixture(t)
+			evs := append(f.enqueue(t, "order.created", "1", 120), f.enqueue(t, "order.paid", "2", 5)...)
+			r := ok(t, f.dsn, append([]string{"relay", "--broker", "log://", "--drain", "--http-addr", "", "--batch-size", "50", "--log-format", "json"}, extra...)...)
+			ids := sinkIDs(t, r.stdout)
+			if len(ids) != len(evs) {
+				t.Fatalf("sink printed %d events, want %d", len(ids), len(evs))
+			}
+			want := idSet(evs)
+			for _, id := range ids {
+				if !want[id] {
+					t.Fatalf("sink printed unknown or duplicate event %s", id)
+				}
+				delete(want, id)
+			}
+			if n := f.count(t, "published_at IS NULL"); n != 0 {
+				t.Fatalf("%d events unpublished after drain", n)
+			}
+			if !strings.Contains(r.stderr, `"msg":"txoutbox: relay drained"`) || !strings.Contains(r.stderr, `"published":125`) {
+				t.Fatalf("no structured summary log:\n%s", r.stderr)
+			}
+		})
 	}
 }
 

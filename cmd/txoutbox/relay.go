@@ -25,6 +25,7 @@ import (
 )
 
 type relayFlags struct {
+	syncMark        bool
 	broker          string
 	batchSize       int
 	pollInterval    time.Duration
@@ -114,6 +115,7 @@ The HTTP server on --http-addr serves:
 	fl.IntVar(&f.partitions, "ordered-partitions", core.DefaultPartitionCount, "ordered mode: partitions aggregates are hashed into (the same for every relay of an outbox)")
 	fl.BoolVar(&f.partitioned, "partitioned", false, "with --cleanup-interval: the table is partitioned by day (migrate --partitioned)")
 	fl.BoolVar(&f.drain, "drain", false, "publish what is due, then exit instead of running until a signal")
+	fl.BoolVar(&f.syncMark, "sync-mark", false, "PostgreSQL: wait for the WAL flush of every mark (default: marks commit asynchronously; a mark lost in a database crash only re-publishes)")
 	return cmd
 }
 
@@ -121,7 +123,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if f.batchSize < 1 || f.concurrency < 1 || f.maxAttempts < 1 {
 		return usagef("--batch-size, --concurrency and --max-attempts must be at least 1")
 	}
-	db, ob, err := a.openOutbox(ctx)
+	db, ob, err := a.openOutboxWith(ctx, sqlxoutbox.Options{SyncMark: f.syncMark})
 	if err != nil {
 		return err
 	}
