@@ -1,6 +1,7 @@
 package dialect
 
 import (
+	"cmp"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -104,18 +105,28 @@ func CollectEvents(rows *sql.Rows) ([]core.Event, error) {
 // SortClaimed puts claimed events into claim order (next_attempt_at, then
 // Seq), which a lease claim's RETURNING does not keep.
 func SortClaimed(evs []core.Event) {
-	slices.SortFunc(evs, func(a, b core.Event) int {
-		if c := a.NextAttemptAt.Compare(b.NextAttemptAt); c != 0 {
-			return c
+	// The claim's rows usually come back in claim order already, and
+	// sorting compares and moves whole events (some 200 bytes each): check
+	// first, by pointer.
+	sorted := true
+	for i := 1; i < len(evs); i++ {
+		if compareClaimed(&evs[i-1], &evs[i]) > 0 {
+			sorted = false
+			break
 		}
-		switch {
-		case a.Seq < b.Seq:
-			return -1
-		case a.Seq > b.Seq:
-			return 1
-		}
-		return 0
-	})
+	}
+	if sorted {
+		return
+	}
+	slices.SortFunc(evs, func(a, b core.Event) int { return compareClaimed(&a, &b) })
+}
+
+// compareClaimed orders events by claim order: next_attempt_at, then seq.
+func compareClaimed(a, b *core.Event) int {
+	if c := a.NextAttemptAt.Compare(b.NextAttemptAt); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Seq, b.Seq)
 }
 
 // CollectStats reads and closes the rows of the Stats query.
