@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -176,24 +177,31 @@ func endNative(pc *pgx.Conn, stmt string) error {
 // endNativeBatch sends the queued statements of b (may be nil) and then
 // stmt, in one round trip.
 func endNativeBatch(ctx context.Context, pc *pgx.Conn, stmt string, b *pgx.Batch) error {
-	if b == nil {
-		b = &pgx.Batch{}
-	}
-	n := b.Len()
-	b.Queue(stmt)
-	br := pc.SendBatch(ctx, b)
-	var err error
-	for range n {
-		if _, err = br.Exec(); err != nil {
-			break
+	var (
+		tag string
+		err error
+	)
+	if b == nil || b.Len() == 0 {
+		// Alone, stmt is one simple-protocol message: cheaper than a
+		// pipeline, which pgx drives with a second reader goroutine.
+		var ct pgconn.CommandTag
+		ct, err = pc.Exec(ctx, stmt)
+		tag = ct.String()
+	} else {
+		n := b.Len()
+		b.Queue(stmt)
+		br := pc.SendBatch(ctx, b)
+		for range n {
+			if _, err = br.Exec(); err != nil {
+				break
+			}
 		}
+		if err == nil {
+			ct, terr := br.Exec()
+			tag, err = ct.String(), terr
+		}
+		err = errors.Join(err, br.Close())
 	}
-	var tag string
-	if err == nil {
-		ct, terr := br.Exec()
-		tag, err = ct.String(), terr
-	}
-	err = errors.Join(err, br.Close())
 	if err == nil && stmt == "COMMIT" && tag != "COMMIT" {
 		err = fmt.Errorf("COMMIT ended as %q: %w", tag, pgx.ErrTxCommitRollback)
 	}
