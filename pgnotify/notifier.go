@@ -24,6 +24,15 @@ type NotifierOptions struct {
 	// most Debounce to the wake-up of a relay. Default DefaultDebounce
 	// (1 ms, i.e. at most 1000 NOTIFYs per second).
 	Debounce time.Duration
+	// MaxDebounce bounds the window when requests keep coming: after a
+	// window in which a Notify arrived, the next window is twice as long,
+	// up to MaxDebounce; a window without any resets it to Debounce. A
+	// steady stream of enqueues keeps a woken relay claiming on its own (it
+	// looks again every millisecond while it finds events), so NOTIFYs at
+	// the full 1/Debounce rate only cost the database transactions its
+	// producers need. Default DefaultMaxDebounce (4 ms); never below
+	// Debounce.
+	MaxDebounce time.Duration
 	// SynchronousCommit keeps the server's synchronous_commit setting for
 	// the Notifier's connection. By default the connection runs with
 	// synchronous_commit=off: a NOTIFY is a transaction that writes a
@@ -80,6 +89,15 @@ func NewNotifier(connString string, opts NotifierOptions) (*Notifier, error) {
 	}
 	if opts.Debounce == 0 {
 		opts.Debounce = DefaultDebounce
+	}
+	if opts.MaxDebounce < 0 {
+		return nil, fmt.Errorf("%w: negative MaxDebounce", ErrInvalidOptions)
+	}
+	if opts.MaxDebounce == 0 {
+		opts.MaxDebounce = max(DefaultMaxDebounce, opts.Debounce)
+	}
+	if opts.MaxDebounce < opts.Debounce {
+		return nil, fmt.Errorf("%w: MaxDebounce %v below Debounce %v", ErrInvalidOptions, opts.MaxDebounce, opts.Debounce)
 	}
 	if opts.MinBackoff, opts.MaxBackoff, err = checkBackoff(opts.MinBackoff, opts.MaxBackoff); err != nil {
 		return nil, err
@@ -147,11 +165,22 @@ func (n *Notifier) Run(ctx context.Context) error {
 			return true
 		}
 	}
+	window := n.opts.Debounce
 	for {
 		select {
-		case <-ctx.Done():
-			return nil
 		case <-n.signal:
+			// Asked for during the last window: requests keep coming.
+			window = min(2*window, n.opts.MaxDebounce)
+		default:
+			window = n.opts.Debounce
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-n.signal:
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
 		}
 		var err error
 		if conn, err = n.send(ctx, conn); err != nil {
@@ -172,7 +201,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 		n.sent.Add(1)
 		// Requests during the window leave n.signal set, so the loop sends
 		// exactly one more NOTIFY for all of them when the window ends.
-		if !sleep(n.opts.Debounce) {
+		if !sleep(window) {
 			return nil
 		}
 	}

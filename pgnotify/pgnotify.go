@@ -56,9 +56,10 @@ const DefaultChannel = "txoutbox_events"
 
 // Defaults of the options.
 const (
-	DefaultDebounce   = time.Millisecond
-	DefaultMinBackoff = 100 * time.Millisecond
-	DefaultMaxBackoff = 10 * time.Second
+	DefaultDebounce    = time.Millisecond
+	DefaultMaxDebounce = 4 * time.Millisecond
+	DefaultMinBackoff  = 100 * time.Millisecond
+	DefaultMaxBackoff  = 10 * time.Second
 )
 
 // ErrInvalidOptions is wrapped by errors that reject a configuration. It is

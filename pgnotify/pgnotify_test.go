@@ -135,12 +135,52 @@ func TestOptionsValidation(t *testing.T) {
 	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{MinBackoff: time.Second, MaxBackoff: time.Millisecond}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
 		t.Errorf("max below min backoff: %v", err)
 	}
+	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{MaxDebounce: -1}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+		t.Errorf("negative max debounce: %v", err)
+	}
+	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{Debounce: time.Second, MaxDebounce: time.Millisecond}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+		t.Errorf("max debounce below debounce: %v", err)
+	}
 	n, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Channel() != pgnotify.DefaultChannel || n.Options().Debounce != pgnotify.DefaultDebounce {
-		t.Errorf("defaults: channel %q debounce %v", n.Channel(), n.Options().Debounce)
+	if o := n.Options(); n.Channel() != pgnotify.DefaultChannel || o.Debounce != pgnotify.DefaultDebounce || o.MaxDebounce != pgnotify.DefaultMaxDebounce {
+		t.Errorf("defaults: channel %q debounce %v max %v", n.Channel(), o.Debounce, o.MaxDebounce)
+	}
+	// A long Debounce alone raises the maximum with it.
+	if n, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{Debounce: time.Second}); err != nil || n.Options().MaxDebounce != time.Second {
+		t.Errorf("Debounce 1s: max %v, %v", n.Options().MaxDebounce, err)
+	}
+}
+
+// Under a steady stream of requests the window doubles up to MaxDebounce,
+// so the NOTIFY rate falls well below 1/Debounce; the stream still gets
+// its notifications.
+func TestNotifierWidensItsWindowUnderLoad(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	w := newWakes()
+	l, err := pgnotify.NewListener(dsn, w, pgnotify.ListenerOptions{Channel: "steady", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, l.Run)
+	<-l.Ready()
+	n, err := pgnotify.NewNotifier(dsn, pgnotify.NotifierOptions{Channel: "steady", Debounce: 5 * time.Millisecond, MaxDebounce: 80 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, n.Run)
+	// 500 requests a millisecond apart: at a fixed 5 ms window that is
+	// about 100 NOTIFYs; doubling to 80 ms makes it about 11.
+	for range 500 {
+		n.Notify()
+		time.Sleep(time.Millisecond)
+	}
+	eventually(t, "the last window's NOTIFY", func() bool { return l.Stats().Notifications == n.Stats().Sent })
+	if s := n.Stats(); s.Sent < 2 || s.Sent > 30 || s.Errors != 0 {
+		t.Errorf("notifier stats %+v, want 2 to 30 sent for a steady stream", s)
 	}
 }
 
