@@ -70,13 +70,11 @@ func ScanEvent(scan func(dest ...any) error) (core.Event, error) {
 		return core.Event{}, err
 	}
 	ev.Payload = json.RawMessage(payload)
-	if len(headers) > 0 && string(headers) != "{}" {
-		h, err := decodeHeaders(headers)
-		if err != nil {
-			return core.Event{}, fmt.Errorf("txoutbox/dialect: headers of event %d: %w", ev.Seq, err)
-		}
-		ev.Headers = h
+	h, err := DecodeHeaders(headers)
+	if err != nil {
+		return core.Event{}, fmt.Errorf("txoutbox/dialect: headers of event %d: %w", ev.Seq, err)
 	}
+	ev.Headers = h
 	ev.CreatedAt = created.Time
 	ev.PublishedAt = published.ptr()
 	ev.LastError = lastError.String
@@ -168,10 +166,6 @@ func secondsToDuration(s float64) time.Duration {
 	return time.Duration(s * float64(time.Second))
 }
 
-// decodeHeaders decodes a JSON object of strings. Headers are read for every
-// claimed event and encoding/json's reflection was the relay's largest CPU
-// cost, so the plain case (no escapes, valid UTF-8) is parsed directly;
-// anything else goes to encoding/json, whose result is the reference.
 // DecodeHeaders decodes the headers column of an event row, as ScanEvent
 // does: nil for an empty object. It is for stores that scan rows without
 // database/sql.
@@ -182,6 +176,10 @@ func DecodeHeaders(b []byte) (map[string]string, error) {
 	return decodeHeaders(b)
 }
 
+// decodeHeaders decodes a JSON object of strings. Headers are read for every
+// claimed event and encoding/json's reflection was the relay's largest CPU
+// cost, so the plain case (no escapes, valid UTF-8) is parsed directly;
+// anything else goes to encoding/json, whose result is the reference.
 func decodeHeaders(b []byte) (map[string]string, error) {
 	if h, ok := decodeFlatObject(b); ok {
 		return h, nil
