@@ -38,15 +38,11 @@ import (
 // session and so rolls the transaction back on the server.
 
 // Native reports whether db's connections are pgx's, which
-// QueryMarkedNative can use.
+// QueryMarkedNative needs: call it only on such a pool.
 func Native(db *sql.DB) bool {
 	_, ok := db.Driver().(*stdlib.Driver)
 	return ok
 }
-
-// errNotPgx is returned when a connection of a pool Native accepted is not
-// pgx's after all (a wrapped driver): the caller falls back to QueryMarked.
-var errNotPgx = errors.New("connection is not pgx's")
 
 // QueryMarkedNative is QueryMarked on pgx's connection: it reserves a
 // connection of c.DB, sends BEGIN and the claim-and-mark query in one round
@@ -60,11 +56,8 @@ func (c *Claimer) QueryMarkedNative(ctx context.Context, query string, args []an
 	}
 	var evs []core.Event
 	err = conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return errNotPgx
-		}
-		pc := sc.Conn()
+		// Native accepted the pool: its driver opens only *stdlib.Conn.
+		pc := dc.(*stdlib.Conn).Conn()
 		var qerr error
 		evs, qerr = claimNative(ctx, pc, query, args, limit)
 		if qerr != nil || len(evs) == 0 {
@@ -74,13 +67,6 @@ func (c *Claimer) QueryMarkedNative(ctx context.Context, query string, args []an
 	})
 	if err != nil {
 		_ = conn.Close()
-		if errors.Is(err, errNotPgx) {
-			tx, berr := c.Begin(ctx)
-			if berr != nil {
-				return nil, berr
-			}
-			return c.QueryMarked(ctx, tx, query, args)
-		}
 		return nil, fmt.Errorf("%s: claim: %w", c.Prefix, err)
 	}
 	if len(evs) == 0 {
