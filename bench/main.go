@@ -22,9 +22,10 @@
 // With -v the command logs its progress to stderr; BENCH_DEBUG=1 also logs
 // every event of scenario c slower than a quarter of the poll interval.
 //
-// Ratios compare figures taken minutes apart on the same machine and the same
-// database, so that a noisy, shared machine moves both sides together; each
-// throughput figure is the best of -rounds repetitions.
+// The throughput scenarios (a, d) interleave their sides in short turns on
+// the same database, so that a noisy, shared machine weighs on all sides
+// alike; each side's figure is its events (or transactions) over its own
+// time, summed over -rounds repetitions.
 package main
 
 import (
