@@ -68,14 +68,24 @@ func PostgresDSN(t testing.TB) string {
 	return u.String()
 }
 
+// MaxOpenConns caps the pool OpenPostgres returns. database/sql's default
+// is no cap, so a test that runs 80 deliveries at once opens 80 server
+// connections, and parallel tests in two packages at once then exhaust the
+// server's max_connections (CI once failed with SQLSTATE 53300). Sixteen
+// still lets every concurrency test overlap its transactions: a delivery
+// waiting for a row lock waits on one that holds a connection.
+const MaxOpenConns = 16
+
 // OpenPostgres opens a fresh database (see PostgresDSN) with the pgx
-// database/sql driver and closes it when the test ends.
+// database/sql driver, its pool capped at MaxOpenConns, and closes it when
+// the test ends.
 func OpenPostgres(t testing.TB) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("pgx", PostgresDSN(t))
 	if err != nil {
 		t.Fatalf("open postgres: %v", err)
 	}
+	db.SetMaxOpenConns(MaxOpenConns)
 	t.Cleanup(func() { db.Close() })
 	return db
 }
