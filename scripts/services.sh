@@ -142,7 +142,10 @@ Local:
   LogToFile: false
   EnableDuplicates: true
 YAML
-	(cd "$SVC/goaws" && nohup "$bin" -config "$SVC/goaws/goaws.yaml" Local >"$SVC/goaws/log" 2>&1 & echo $! >"$SVC/goaws.pid")
+	# exec, so that the pid recorded is goaws' own and `stop` ends it (a
+	# plain `&` inside the subshell recorded a wrapper shell's pid).
+	(cd "$SVC/goaws" && exec nohup "$bin" -config "$SVC/goaws/goaws.yaml" Local >"$SVC/goaws/log" 2>&1 </dev/null) &
+	echo $! >"$SVC/goaws.pid"
 	# Ready when its router answers GET /health, not merely when the port
 	# accepts connections.
 	local i
