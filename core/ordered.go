@@ -270,6 +270,12 @@ func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome
 		groups[g] = append(groups[g], ev)
 	}
 	res.Claimed = len(events)
+	// One timeout for all rounds: it bounds how long the batch holds its
+	// partitions. Only ctx (shutdown) cuts the batch off; a timeout fails
+	// the events not yet sent, so that they wait out their backoff instead
+	// of being claimed again at once.
+	pctx, done := r.publishContext(ctx, len(events))
+	defer done()
 	stopped := make([]bool, len(groups))
 	for round := 0; ; round++ {
 		var batch []Event
@@ -283,11 +289,11 @@ func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome
 		if len(batch) == 0 {
 			break
 		}
-		err := r.publish(ctx, batch)
+		err := r.publish(pctx, batch)
 		if ctx.Err() != nil {
 			return Outcome{}, BatchResult{Claimed: len(events)}, true
 		}
-		o, rr := r.outcome(batch, err)
+		o, rr := r.outcome(batch, err, pctx.Err() != nil && errors.Is(context.Cause(pctx), ErrPublishTimeout))
 		out.Published = append(out.Published, o.Published...)
 		out.Failed = append(out.Failed, o.Failed...)
 		res.Published += rr.Published

@@ -13,6 +13,10 @@ import (
 // ErrInvalidOptions is wrapped by errors that reject a configuration.
 var ErrInvalidOptions = errors.New("txoutbox: invalid options")
 
+// ErrPublishTimeout is wrapped by the stored error of an event that its
+// publisher had not sent when RelayOptions.PublishTimeout ran out.
+var ErrPublishTimeout = errors.New("txoutbox: publish timed out")
+
 // RelayOptions configures a Relay. Zero fields take their defaults.
 type RelayOptions struct {
 	// BatchSize is how many events one claim takes. Default 100.
@@ -37,6 +41,15 @@ type RelayOptions struct {
 	// after Run's context is cancelled. Default 10s. A batch cut off by it
 	// is released unmarked and published again later.
 	ShutdownTimeout time.Duration
+	// PublishTimeout bounds the publishing of one batch: the context given
+	// to the Publisher is cancelled after it, and the events it had not
+	// sent by then are recorded as failed (wrapping ErrPublishTimeout) and
+	// retried after their backoff, so that a hung broker connection holds
+	// neither the claim's rows nor, in ordered mode, the relay's partitions
+	// for longer. A publisher that ignores its context cannot be cut off;
+	// the relay logs a warning when one overruns. Default 30s; negative
+	// disables it.
+	PublishTimeout time.Duration
 	// MaxErrorLength bounds the stored LastError. Default 2000 bytes.
 	MaxErrorLength int
 	// Logger receives the relay's structured logs. Default slog.Default().
@@ -71,6 +84,12 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 	}
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = 10 * time.Second
+	}
+	switch {
+	case o.PublishTimeout == 0:
+		o.PublishTimeout = 30 * time.Second
+	case o.PublishTimeout < 0:
+		o.PublishTimeout = 0
 	}
 	if o.MaxErrorLength == 0 {
 		o.MaxErrorLength = 2000
@@ -350,10 +369,12 @@ func (r *Relay) processBatch(ctx context.Context, worker int) (BatchResult, erro
 	if r.ordered {
 		out, res, cut = r.publishOrdered(bctx, events)
 	} else {
-		pubErr := r.publish(bctx, events)
+		pctx, done := r.publishContext(bctx, len(events))
+		pubErr := r.publish(pctx, events)
+		timedOut := done()
 		cut = bctx.Err() != nil
 		if !cut {
-			out, res = r.outcome(events, pubErr)
+			out, res = r.outcome(events, pubErr, timedOut)
 		}
 	}
 	if cut {
@@ -393,8 +414,39 @@ func (r *Relay) publish(ctx context.Context, events []Event) (err error) {
 	return r.pub.Publish(ctx, events)
 }
 
-func (r *Relay) outcome(events []Event, pubErr error) (Outcome, BatchResult) {
+// publishContext returns the context a batch of n events is published with
+// (ctx bounded by PublishTimeout) and a function to call once the publisher
+// returned, which reports whether the timeout had run out.
+func (r *Relay) publishContext(ctx context.Context, n int) (context.Context, func() bool) {
+	d := r.opts.PublishTimeout
+	if d <= 0 {
+		return ctx, func() bool { return false }
+	}
+	pctx, cancel := context.WithTimeoutCause(ctx, d, ErrPublishTimeout)
+	start := time.Now()
+	// A publisher should return soon after its context ends; one that does
+	// not holds the claim regardless, and the operator should hear of it.
+	overrun := time.AfterFunc(d+time.Second+d/2, func() {
+		r.log.Warn("txoutbox: publisher has not returned long after its context ended; it ignores the context, and the batch's rows stay locked until it returns",
+			"events", n, "publish_timeout", d, "running_for", time.Since(start).Round(time.Millisecond))
+	})
+	return pctx, func() bool {
+		overrun.Stop()
+		timedOut := errors.Is(context.Cause(pctx), ErrPublishTimeout)
+		cancel()
+		return timedOut
+	}
+}
+
+func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, BatchResult) {
 	errs := EventErrors(pubErr, len(events))
+	if timedOut {
+		for i, err := range errs {
+			if errors.Is(err, context.DeadlineExceeded) {
+				errs[i] = fmt.Errorf("%w after %s: %w", ErrPublishTimeout, r.opts.PublishTimeout, err)
+			}
+		}
+	}
 	res := BatchResult{Claimed: len(events)}
 	out := Outcome{Published: make([]int64, 0, len(events))}
 	for i := range events {
