@@ -126,6 +126,27 @@ func (k *conn) supervise(c *amqp.Connection) {
 	}
 }
 
+// dropDeadline bounds the close handshake of a dropped connection: a broker
+// that stopped reading it never answers, and the socket is closed after it.
+const dropDeadline = time.Second
+
+// drop closes the connection of generation gen, if it is still the current
+// one, without waiting; supervise then re-dials. It is for a connection on
+// which RabbitMQ stopped answering: every synchronous call on it (channel
+// close, channel open) would wait forever, and only closing its socket
+// frees them.
+func (k *conn) drop(gen uint64, why error) {
+	k.mu.Lock()
+	c := k.c
+	current := c != nil && k.gen == gen
+	k.mu.Unlock()
+	if !current {
+		return
+	}
+	k.log.Warn("amqpbroker: RabbitMQ did not answer in time; dropping the connection and re-dialling", "error", why)
+	go c.CloseDeadline(time.Now().Add(dropDeadline))
+}
+
 // get returns the current connection and its generation, or
 // ErrNotConnected while it is being re-dialled.
 func (k *conn) get() (*amqp.Connection, uint64, error) {
@@ -158,7 +179,12 @@ func (k *conn) close() error {
 	k.mu.Unlock()
 	k.wg.Wait()
 	if c != nil && !c.IsClosed() {
-		return c.Close()
+		// Bounded, so that Close returns even when RabbitMQ stopped
+		// answering this connection.
+		return c.CloseDeadline(time.Now().Add(closeDeadline))
 	}
 	return nil
 }
+
+// closeDeadline bounds the close handshake of Close.
+const closeDeadline = 5 * time.Second

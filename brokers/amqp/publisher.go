@@ -141,16 +141,30 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	for start := 0; start < len(events); start += maxInFlight {
 		chunk := events[start:min(start+maxInFlight, len(events))]
 		var err error
-		if cc, err = p.channel(cc); err != nil {
+		if err = ctx.Err(); err == nil {
+			cc, err = p.channel(cc)
+		}
+		if err != nil {
 			for i := range chunk {
 				be.Errs[start+i] = fmt.Errorf("event %s: %w", chunk[i].ID, err)
 			}
 			continue
 		}
-		if p.publishChunk(ctx, cc, chunk, be.Errs[start:start+len(chunk)]) {
-			cc.ch.Close() // broken: the next Publish opens a fresh one
-			cc = nil
+		if !p.publishChunk(ctx, cc, chunk, be.Errs[start:start+len(chunk)]) {
+			continue
 		}
+		// Broken: the next Publish opens a fresh channel.
+		if ctx.Err() != nil {
+			// RabbitMQ did not confirm in time. If it stopped reading this
+			// connection (a memory or disk alarm blocks publishers without
+			// a word), closing the channel would wait for an answer that
+			// never comes; dropping the connection frees every call on it,
+			// and the publisher re-dials.
+			p.conn.drop(cc.gen, ctx.Err())
+		} else {
+			cc.ch.Close()
+		}
+		cc = nil
 	}
 	return be.ErrOrNil()
 }

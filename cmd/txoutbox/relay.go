@@ -34,6 +34,7 @@ type relayFlags struct {
 	initialBackoff  time.Duration
 	maxBackoff      time.Duration
 	shutdownTimeout time.Duration
+	publishTimeout  time.Duration
 	httpAddr        string
 	lagThreshold    time.Duration
 	statsInterval   time.Duration
@@ -105,6 +106,7 @@ The HTTP server on --http-addr serves:
 	fl.DurationVar(&f.initialBackoff, "initial-backoff", core.DefaultRetryPolicy.InitialBackoff, "wait after the first failure")
 	fl.DurationVar(&f.maxBackoff, "max-backoff", core.DefaultRetryPolicy.MaxBackoff, "longest wait between attempts")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long the batch in flight may take to finish after SIGTERM")
+	fl.DurationVar(&f.publishTimeout, "publish-timeout", 30*time.Second, "how long publishing one batch may take; events not sent by then fail and are retried (0: no limit)")
 	fl.StringVar(&f.httpAddr, "http-addr", ":9090", `address of /metrics, /healthz and /livez; "" disables`)
 	fl.DurationVar(&f.lagThreshold, "lag-threshold", time.Minute, "oldest pending age that counts as lagging (warning log, txoutbox_lagging=1)")
 	fl.DurationVar(&f.statsInterval, "stats-interval", 15*time.Second, "how often the pending/dead gauges are refreshed")
@@ -122,6 +124,9 @@ The HTTP server on --http-addr serves:
 func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if f.batchSize < 1 || f.concurrency < 1 || f.maxAttempts < 1 {
 		return usagef("--batch-size, --concurrency and --max-attempts must be at least 1")
+	}
+	if f.publishTimeout < 0 {
+		return usagef("--publish-timeout %s: want 0 (no limit) or more", f.publishTimeout)
 	}
 	db, ob, err := a.openOutboxWith(ctx, sqlxoutbox.Options{SyncMark: f.syncMark})
 	if err != nil {
@@ -165,6 +170,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		PollInterval:    f.pollInterval,
 		Concurrency:     f.concurrency,
 		ShutdownTimeout: f.shutdownTimeout,
+		PublishTimeout:  publishTimeout(f.publishTimeout),
 		Retry:           core.RetryPolicy{MaxAttempts: f.maxAttempts, InitialBackoff: f.initialBackoff, MaxBackoff: f.maxBackoff},
 		Logger:          a.log,
 		Ordering:        ordering,
@@ -374,4 +380,14 @@ type slogErrorLog struct{ a *app }
 
 func (l slogErrorLog) Println(v ...any) {
 	l.a.log.Error("txoutbox: serving metrics", "error", fmt.Sprint(v...))
+}
+
+// publishTimeout maps the flag, where 0 means no limit, to
+// RelayOptions.PublishTimeout, where 0 means the default and a negative
+// value no limit.
+func publishTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -368,3 +368,22 @@ func TestShutdownTimeoutReleasesTheBatch(t *testing.T) {
 		t.Fatalf("the next relay published %d of %d", len(got), len(evs))
 	}
 }
+
+// TestPublishTimeoutFailsAHungBatch: a broker that never answers no longer
+// holds the batch; after --publish-timeout its events are failed, with the
+// timeout named, and wait out their backoff.
+func TestPublishTimeoutFailsAHungBatch(t *testing.T) {
+	f := newFixture(t)
+	evs := f.enqueue(t, "order.created", "1", 5)
+	r := ok(t, f.dsn, "relay", "--broker", "log://?delay=1h", "--publish-timeout", "200ms", "--initial-backoff", "1h", "--drain", "--http-addr", "")
+	if r.stdout != "" {
+		t.Fatalf("a timed-out batch was published: %q", r.stdout)
+	}
+	if n := f.count(t, "published_at IS NULL AND attempt_count = 1 AND last_error LIKE '%publish timed out after 200ms%' AND next_attempt_at > now()"); n != len(evs) {
+		t.Fatalf("%d of %d events failed with the timeout and wait for their retry:\n%s", n, len(evs), r.stderr)
+	}
+	bad := run(t, "", nil, "relay", "--broker", "log://", "--publish-timeout", "-1s", "--dsn", f.dsn)
+	if bad.code != exitUsage || !strings.Contains(bad.stderr, "--publish-timeout") {
+		t.Fatalf("negative --publish-timeout: exit %d\n%s", bad.code, bad.stderr)
+	}
+}

@@ -1,0 +1,104 @@
+package amqpbroker_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+)
+
+// rabbitBlocked raises RabbitMQ's memory alarm (a watermark of 0 trips it
+// at once), which blocks every publishing connection: the broker stays up
+// and connected but reads no more publishes, so no confirm ever comes, as
+// with a broker that hangs. It lifts the alarm when the test ends, even
+// when it fails halfway.
+func rabbitBlocked(t *testing.T) (unblock func()) {
+	t.Helper()
+	testenv.RabbitMQCtl(t, "set_vm_memory_high_watermark", "0")
+	done := false
+	unblock = func() {
+		if !done {
+			done = true
+			testenv.RabbitMQCtl(t, "set_vm_memory_high_watermark", "0.4") // the default
+		}
+	}
+	t.Cleanup(unblock)
+	return unblock
+}
+
+// A relay whose broker stops answering gives the batch up after
+// PublishTimeout: its events are recorded as failed with ErrPublishTimeout
+// (so they wait out their backoff, and the claim's rows are free again)
+// instead of the relay waiting for confirms that never come; once the
+// broker answers again, every event arrives.
+func TestOutageBlockedBrokerTimesOutPublish(t *testing.T) {
+	et := "order.blocked." + testenv.RandomSuffix()
+	f := newStore(t)
+	pub := newPublisher(t, amqpbroker.Options{Reconnect: fastReconnect})
+	got := fixtures.Receive(t, newSubscriber(t, amqpbroker.SubscriberOptions{Reconnect: fastReconnect}), et)
+
+	evs := []core.Event{event(t, et, "a", 0), event(t, et, "b", 1), event(t, et, "c", 2)}
+	if err := f.Enqueue(t.Context(), evs, true); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := core.NewRelay(f.Store, pub, core.RelayOptions{
+		Logger:         quiet,
+		PublishTimeout: time.Second,
+		Retry:          core.RetryPolicy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond, Jitter: -1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	unblock := rabbitBlocked(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	res, err := relay.ProcessBatch(ctx)
+	if err != nil {
+		t.Fatalf("ProcessBatch against a blocked broker: %v", err)
+	}
+	if res.Claimed != 3 || res.Failed != 3 {
+		t.Fatalf("result %+v, want all 3 claimed and failed", res)
+	}
+	for _, ev := range evs {
+		stored, err := f.Get(t.Context(), ev.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stored.PublishedAt != nil || stored.AttemptCount != 1 || !strings.Contains(stored.LastError, core.ErrPublishTimeout.Error()) {
+			t.Errorf("event %s after the timeout: published %v, attempts %d, last error %q; want unpublished, 1 attempt, the timeout named",
+				ev.ID, stored.PublishedAt, stored.AttemptCount, stored.LastError)
+		}
+	}
+
+	unblock()
+	// The timed-out publishes may still reach the queue once the broker
+	// reads them; they are duplicates, which is what at-least-once allows.
+	deadline := time.Now().Add(60 * time.Second)
+	for pending := evs; len(pending) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events unpublished a minute after the broker was unblocked", len(pending))
+		}
+		if _, err := relay.Drain(t.Context()); err != nil {
+			t.Logf("drain: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		var still []core.Event
+		for _, ev := range pending {
+			stored, err := f.Get(t.Context(), ev.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stored.PublishedAt == nil {
+				still = append(still, ev)
+			}
+		}
+		pending = still
+	}
+	got.WaitIDs(t, fixtures.EventIDs(evs), 30*time.Second)
+}
