@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -36,6 +37,8 @@ var (
 	ErrInvalidOptions = errors.New("kafkabroker: invalid options")
 	// ErrPublish is wrapped by the error of an event Kafka did not take.
 	ErrPublish = errors.New("kafkabroker: publish failed")
+	// ErrClosed is returned by Publish after Close.
+	ErrClosed = errors.New("kafkabroker: publisher closed")
 )
 
 // defaultVersion is the Kafka protocol version NewSaramaConfig asks for:
@@ -105,9 +108,28 @@ type Options struct {
 // producer. Records are encoded by Marshaler (watermill-kafka's format), so
 // Watermill subscribers read them as messages whose UUID is the event ID.
 type Publisher struct {
-	producer sarama.SyncProducer
+	producer sarama.AsyncProducer
 	topic    core.TopicFunc
 	marshal  Marshaler
+	drained  chan struct{} // closed when route has seen the producer's last outcome
+
+	// mu guards closed: sending on the producer's Input after AsyncClose
+	// would panic, so Publish sends under the read lock and Close takes the
+	// write lock.
+	mu     sync.RWMutex
+	closed bool
+}
+
+// slot is a record's Metadata: where route sends its outcome. acks has room
+// for the whole batch, so route never waits on a Publish that gave up.
+type slot struct {
+	acks chan<- ack
+	i    int // index of the event in the Publish call
+}
+
+type ack struct {
+	i   int
+	err error
 }
 
 var (
@@ -136,17 +158,51 @@ func NewPublisher(opts Options) (*Publisher, error) {
 		return nil, fmt.Errorf("%w: sarama: %w", ErrInvalidOptions, err)
 	}
 	// watermill-kafka's Publisher sends one record per round trip
-	// (SendMessage in a loop); a batch goes out in one SendMessages instead.
-	producer, err := sarama.NewSyncProducer(opts.Brokers, cfg)
+	// (SendMessage in a loop); a batch goes out together instead. The
+	// asynchronous producer (which sarama's SyncProducer wraps) lets Publish
+	// stop waiting when its context ends, which SendMessages cannot.
+	producer, err := sarama.NewAsyncProducer(opts.Brokers, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kafkabroker: connect producer: %w", err)
 	}
-	return &Publisher{producer: producer, topic: opts.Topic}, nil
+	p := &Publisher{producer: producer, topic: opts.Topic, drained: make(chan struct{})}
+	go p.route()
+	return p, nil
+}
+
+// route hands each record's outcome to the Publish call that sent it, until
+// the producer has closed both of its channels.
+func (p *Publisher) route() {
+	defer close(p.drained)
+	successes, errs := p.producer.Successes(), p.producer.Errors()
+	for successes != nil || errs != nil {
+		select {
+		case m, ok := <-successes:
+			if !ok {
+				successes = nil
+				continue
+			}
+			if s, ok := m.Metadata.(slot); ok {
+				s.acks <- ack{i: s.i}
+			}
+		case pe, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			if s, ok := pe.Msg.Metadata.(slot); ok {
+				s.acks <- ack{i: s.i, err: pe.Err}
+			}
+		}
+	}
 }
 
 // Publish sends the events in one batch and returns when Kafka acknowledged
 // each of them (acks=all), with a *core.BatchError naming the ones it did not
-// take.
+// take. If ctx ends first, Publish returns at once and names the records
+// not yet acknowledged as failed, wrapping ctx's error; Kafka may still
+// write them, and the relay's retry then makes a duplicate, which the
+// consumer's inbox absorbs.
 //
 // Records of one aggregate go to one partition in the order of the batch:
 // sarama keeps the order of a partition's records, and the idempotent
@@ -158,9 +214,14 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
 	be := core.NewBatchError(len(events))
-	recs := make([]*sarama.ProducerMessage, 0, len(events))
-	index := make(map[*sarama.ProducerMessage]int, len(events))
+	acks := make(chan ack, len(events))
+	waiting := make(map[int]bool, len(events))
 	for i := range events {
 		ev := &events[i]
 		topic := p.topic(ev)
@@ -173,24 +234,36 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 			be.Errs[i] = fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err)
 			continue
 		}
-		recs = append(recs, rec)
-		index[rec] = i
-	}
-	// sarama's SendMessages takes no context; a producer that cannot reach
-	// the cluster gives up after its retries (Producer.Retry, Metadata.Retry).
-	err := p.producer.SendMessages(recs)
-	var perr sarama.ProducerErrors
-	switch {
-	case err == nil:
-	case errors.As(err, &perr):
-		for _, pe := range perr {
-			if i, ok := index[pe.Msg]; ok {
-				be.Errs[i] = fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, events[i].EventType, events[i].ID, pe.Msg.Topic, pe.Err)
+		rec.Metadata = slot{acks: acks, i: i}
+		select {
+		case p.producer.Input() <- rec:
+			waiting[i] = true
+		case <-ctx.Done():
+			for k := i; k < len(events); k++ {
+				be.Errs[k] = fmt.Errorf("%w: %s event %s not sent: %w", ErrPublish, events[k].EventType, events[k].ID, ctx.Err())
 			}
+			return p.await(ctx, events, acks, waiting, be)
 		}
-	default:
-		for _, i := range index {
-			be.Errs[i] = fmt.Errorf("%w: %s event %s: %w", ErrPublish, events[i].EventType, events[i].ID, err)
+	}
+	return p.await(ctx, events, acks, waiting, be)
+}
+
+// await collects the outcomes of the records in waiting, until all came or
+// ctx ends.
+func (p *Publisher) await(ctx context.Context, events []core.Event, acks <-chan ack, waiting map[int]bool, be *core.BatchError) error {
+	for len(waiting) > 0 {
+		select {
+		case a := <-acks:
+			delete(waiting, a.i)
+			if a.err != nil {
+				ev := &events[a.i]
+				be.Errs[a.i] = fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, ev.EventType, ev.ID, p.topic(ev), a.err)
+			}
+		case <-ctx.Done():
+			for i := range waiting {
+				be.Errs[i] = fmt.Errorf("%w: %s event %s: no acknowledgement before the context ended: %w", ErrPublish, events[i].EventType, events[i].ID, ctx.Err())
+			}
+			return be.ErrOrNil()
 		}
 	}
 	return be.ErrOrNil()
@@ -207,8 +280,18 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 // each topic only. Events without an aggregate ID have no key and no order.
 func (p *Publisher) PreservesAggregateOrder() bool { return true }
 
-// Close flushes and closes the producer.
-func (p *Publisher) Close() error { return p.producer.Close() }
+// Close flushes and closes the producer: it waits for the records in flight
+// (sarama's own timeouts and retries bound that).
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		p.producer.AsyncClose()
+	}
+	p.mu.Unlock()
+	<-p.drained
+	return nil
+}
 
 // Marshaler is watermill-kafka's DefaultMarshaler (metadata as record
 // headers) with the aggregate ID as the record key. Events without an
