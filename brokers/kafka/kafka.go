@@ -274,8 +274,8 @@ func (p *Publisher) await(ctx context.Context, events []core.Event, acks <-chan 
 // ordered mode. The record key is the aggregate ID and the partitioner
 // hashes it (NewPublisher enforces both), so an aggregate's events of one
 // topic land on one partition; the idempotent producer with one request in
-// flight keeps a partition's order across sarama's retries, and each batch
-// goes out in one SendMessages. Order holds per topic: events of one
+// flight keeps a partition's order across sarama's retries, and a batch's
+// records enter the producer in the batch's order. Order holds per topic: events of one
 // aggregate that Options.Topic sends to different topics are ordered within
 // each topic only. Events without an aggregate ID have no key and no order.
 func (p *Publisher) PreservesAggregateOrder() bool { return true }
