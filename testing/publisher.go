@@ -111,7 +111,8 @@ func (c *Collection) Count(id string) int {
 // RunPublisher proves a broker's publisher: every published event arrives
 // with its payload, its own headers and the identity headers; a batch with
 // several aggregates keeps each aggregate's order where the broker claims
-// order; and an empty batch is a no-op.
+// order; an empty batch is a no-op; and a cancelled context fails every
+// event of the call, leaving the publisher usable.
 func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 	t.Run("DeliversPayloadAndHeaders", func(t *testing.T) {
 		t.Parallel()
@@ -159,6 +160,29 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		if err := b.Publisher.Publish(t.Context(), nil); err != nil {
 			t.Fatalf("Publish(nil) = %v, want nil", err)
 		}
+	})
+	// The relay cancels Publish's context at its PublishTimeout and at
+	// shutdown; a publisher must then report the events it did not send as
+	// failed (never as published) and stay usable.
+	t.Run("CancelledContext", func(t *testing.T) {
+		t.Parallel()
+		b := newBroker(t)
+		et := uniqueType("cancel")
+		col := Collect(t, b.Subscriber, b.topic(et))
+		evs := suiteEvents(t, et, 5, 2)
+		cancelled, cancelNow := context.WithCancel(t.Context())
+		cancelNow()
+		for i, err := range core.EventErrors(b.Publisher.Publish(cancelled, evs), len(evs)) {
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("event %d published with a cancelled context: error %v, want one wrapping context.Canceled", i, err)
+			}
+		}
+		ctx, cancel := timeout(t, deliveryTimeout)
+		defer cancel()
+		if err := b.Publisher.Publish(ctx, evs); err != nil {
+			t.Fatalf("Publish after a cancelled one: %v", err)
+		}
+		col.Wait(ctx, ids(evs))
 	})
 }
 
