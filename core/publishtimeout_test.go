@@ -185,3 +185,24 @@ func TestPublisherIgnoringContextIsReported(t *testing.T) {
 		t.Errorf("result %+v, want both published", res)
 	}
 }
+
+// BenchmarkPublishContext is what PublishTimeout adds to every batch (a
+// context with a deadline and the overrun timer), against no timeout.
+func BenchmarkPublishContext(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		d    time.Duration
+	}{{"timeout", 30 * time.Second}, {"none", -1}} {
+		b.Run(tc.name, func(b *testing.B) {
+			r, err := NewRelay(newMemStore(), &recordingPub{}, RelayOptions{Logger: quiet, PublishTimeout: tc.d})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			for b.Loop() {
+				_, done := r.publishContext(ctx, 100)
+				done()
+			}
+		})
+	}
+}
