@@ -2,6 +2,7 @@ package amqpbroker
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -181,7 +182,10 @@ func (k *conn) close() error {
 	if c != nil && !c.IsClosed() {
 		// Bounded, so that Close returns even when RabbitMQ stopped
 		// answering this connection.
-		return c.CloseDeadline(time.Now().Add(closeDeadline))
+		// ErrClosed: a drop is closing it already.
+		if err := c.CloseDeadline(time.Now().Add(closeDeadline)); err != nil && !errors.Is(err, amqp.ErrClosed) {
+			return err
+		}
 	}
 	return nil
 }
