@@ -126,17 +126,24 @@ start_goaws() {
 		mkdir -p "$SVC/bin"
 		(cd "$ROOT" && GOBIN="$SVC/bin" go install "github.com/Admiral-Piett/goaws/app/cmd@$version" && mv "$SVC/bin/cmd" "$bin") >&2
 	fi
-	if [ -f "$SVC/goaws.pid" ] && kill -0 "$(cat "$SVC/goaws.pid")" 2>/dev/null; then
+	# goaws listens one port up; internal/cmd/goawsgate serves SNS_PORT in
+	# front of it and lets one request at a time through, because goaws'
+	# unlocked map reads can crash it when a Publish meets a CreateTopic.
+	local inner=$((SNS_PORT + 1))
+	(cd "$ROOT" && go build -o "$SVC/bin/goawsgate" ./internal/cmd/goawsgate) >&2
+	if [ -f "$SVC/goaws.pid" ] && kill -0 "$(cat "$SVC/goaws.pid")" 2>/dev/null &&
+		[ -f "$SVC/goawsgate.pid" ] && kill -0 "$(cat "$SVC/goawsgate.pid")" 2>/dev/null; then
 		log "goaws already running on $SNS_PORT"
 		return
 	fi
+	stop_goaws
 	mkdir -p "$SVC/goaws"
 	# Host only names the emulator in the URLs it hands out (queue URLs,
 	# SigningCertURL); it listens on every interface of SNS_PORT.
 	cat >"$SVC/goaws/goaws.yaml" <<YAML
 Local:
   Host: localhost
-  Port: $SNS_PORT
+  Port: $inner
   Region: us-east-1
   AccountId: "100010001000"
   LogToFile: false
@@ -146,6 +153,8 @@ YAML
 	# plain `&` inside the subshell recorded a wrapper shell's pid).
 	(cd "$SVC/goaws" && exec nohup "$bin" -config "$SVC/goaws/goaws.yaml" Local >"$SVC/goaws/log" 2>&1 </dev/null) &
 	echo $! >"$SVC/goaws.pid"
+	(exec nohup "$SVC/bin/goawsgate" -listen "127.0.0.1:$SNS_PORT" -target "http://127.0.0.1:$inner" >"$SVC/goaws/gate.log" 2>&1 </dev/null) &
+	echo $! >"$SVC/goawsgate.pid"
 	# Ready when its router answers GET /health, not merely when the port
 	# accepts connections.
 	local i
@@ -156,9 +165,16 @@ YAML
 		fi
 		sleep 0.2
 	done
-	log "goaws did not start; its log:"
-	cat "$SVC/goaws/log" >&2
+	log "goaws did not start; its log and its gate's:"
+	cat "$SVC/goaws/log" "$SVC/goaws/gate.log" >&2
 	return 1
+}
+
+stop_goaws() {
+	local f
+	for f in "$SVC/goawsgate.pid" "$SVC/goaws.pid"; do
+		if [ -f "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; rm -f "$f"; fi
+	done
 }
 
 write_env() {
@@ -177,7 +193,7 @@ stop_all() {
 		su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $PG_DIR/data -m fast stop" >&2 || true
 	fi
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBIT_NODE" stop >&2 2>/dev/null || true
-	if [ -f "$SVC/goaws.pid" ]; then kill "$(cat "$SVC/goaws.pid")" 2>/dev/null || true; rm -f "$SVC/goaws.pid"; fi
+	stop_goaws
 }
 
 case "${1:-start}" in
