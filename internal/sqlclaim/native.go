@@ -214,21 +214,13 @@ func (n *nativeClaim) Commit(ctx context.Context, out core.Outcome) error {
 	if err := n.finish(); err != nil {
 		return err
 	}
-	unmentioned, err := n.check(out)
+	stmts, err := n.markedOutcome(n.c.Q, out)
 	if err != nil {
 		return errors.Join(err, n.end(ctx, "ROLLBACK", nil))
 	}
 	var b pgx.Batch
-	if len(out.Failed) > 0 {
-		query, args, err := n.c.Q.UnclaimFailed(out.Failed)
-		if err != nil {
-			return errors.Join(err, n.end(ctx, "ROLLBACK", nil))
-		}
-		b.Queue(query, args...)
-	}
-	if len(unmentioned) > 0 {
-		query, args := n.c.Q.Unclaim(unmentioned)
-		b.Queue(query, args...)
+	for _, st := range stmts {
+		b.Queue(st.query, st.args...)
 	}
 	if err := n.end(ctx, "COMMIT", &b); err != nil {
 		return fmt.Errorf("%s: commit claim: %w", n.c.Prefix, err)

@@ -149,6 +149,38 @@ func (b *base) finish() error {
 	return nil
 }
 
+// statement is one SQL statement to run, with what it does for errors.
+type statement struct {
+	query string
+	args  []any
+	what  string
+}
+
+// markedOutcome checks out against a claim-and-mark claim and returns the
+// statements that record it before COMMIT: failed events back to pending
+// with their errors, and unmentioned ones back to pending untouched (one
+// UPDATE each, only when there are any). Published events need none: the
+// claim marked them.
+func (b *base) markedOutcome(q *dialect.Queries, out core.Outcome) ([]statement, error) {
+	unmentioned, err := b.check(out)
+	if err != nil {
+		return nil, err
+	}
+	var stmts []statement
+	if len(out.Failed) > 0 {
+		query, args, err := q.UnclaimFailed(out.Failed)
+		if err != nil {
+			return nil, err
+		}
+		stmts = append(stmts, statement{query, args, fmt.Sprintf("mark %d failed", len(out.Failed))})
+	}
+	if len(unmentioned) > 0 {
+		query, args := q.Unclaim(unmentioned)
+		stmts = append(stmts, statement{query, args, fmt.Sprintf("release %d unmentioned events", len(unmentioned))})
+	}
+	return stmts, nil
+}
+
 // check validates out against the claim and returns the claimed seqs it
 // does not mention.
 func (b *base) check(out core.Outcome) (unmentioned []int64, err error) {
@@ -336,23 +368,13 @@ func (m *markClaim) Commit(ctx context.Context, out core.Outcome) (err error) {
 			l.c.Rollback(l.tx)
 		}
 	}()
-	unmentioned, err := l.check(out)
+	stmts, err := l.markedOutcome(l.c.Q, out)
 	if err != nil {
 		return err
 	}
-	if len(out.Failed) > 0 {
-		query, args, err := l.c.Q.UnclaimFailed(out.Failed)
-		if err != nil {
-			return err
-		}
-		if _, err := l.tx.ExecContext(ctx, query, args...); err != nil {
-			return fmt.Errorf("%s: mark %d failed: %w", l.c.Prefix, len(out.Failed), err)
-		}
-	}
-	if len(unmentioned) > 0 {
-		query, args := l.c.Q.Unclaim(unmentioned)
-		if _, err := l.tx.ExecContext(ctx, query, args...); err != nil {
-			return fmt.Errorf("%s: release %d unmentioned events: %w", l.c.Prefix, len(unmentioned), err)
+	for _, st := range stmts {
+		if _, err := l.tx.ExecContext(ctx, st.query, st.args...); err != nil {
+			return fmt.Errorf("%s: %s: %w", l.c.Prefix, st.what, err)
 		}
 	}
 	if err := l.tx.Commit(); err != nil {
