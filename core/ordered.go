@@ -293,7 +293,7 @@ func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome
 		if ctx.Err() != nil {
 			return Outcome{}, BatchResult{Claimed: len(events)}, true
 		}
-		o, rr := r.outcome(batch, err, pctx.Err() != nil && errors.Is(context.Cause(pctx), ErrPublishTimeout))
+		o, rr := r.outcome(batch, err, publishTimedOut(pctx))
 		out.Published = append(out.Published, o.Published...)
 		out.Failed = append(out.Failed, o.Failed...)
 		res.Published += rr.Published

@@ -432,10 +432,16 @@ func (r *Relay) publishContext(ctx context.Context, n int) (context.Context, fun
 	})
 	return pctx, func() bool {
 		overrun.Stop()
-		timedOut := errors.Is(context.Cause(pctx), ErrPublishTimeout)
+		timedOut := publishTimedOut(pctx)
 		cancel()
 		return timedOut
 	}
+}
+
+// publishTimedOut reports whether pctx, from publishContext, ended because
+// PublishTimeout ran out (not because the relay is shutting down).
+func publishTimedOut(pctx context.Context) bool {
+	return errors.Is(context.Cause(pctx), ErrPublishTimeout)
 }
 
 func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, BatchResult) {
