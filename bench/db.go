@@ -137,6 +137,11 @@ func (b *bench) outbox(ctx context.Context, db *sql.DB, table string, opts sqlxo
 	if err := dialect.Migrate(ctx, b.db, dialect.Postgres, dialect.MigrateOptions{Table: table, SkipInbox: true, Logger: b.quiet}); err != nil {
 		return nil, err
 	}
+	return b.store(db, table, opts)
+}
+
+// store opens the outbox on db's table, which outbox migrated before.
+func (b *bench) store(db *sql.DB, table string, opts sqlxoutbox.Options) (*sqlxoutbox.Outbox, error) {
 	opts.Table = table
 	opts.Dialect = dialect.Postgres
 	if opts.Logger == nil {

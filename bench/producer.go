@@ -121,7 +121,7 @@ func (b *bench) producerRun(ctx context.Context, variant string, d time.Duration
 	var timed *timedStore
 	pub := &memPublisher{}
 	if variant == prodRelay || variant == prodRelayNotify {
-		relayBox, err := b.outbox(ctx, b.db, table, sqlxoutbox.Options{})
+		relayBox, err := b.store(b.db, table, sqlxoutbox.Options{})
 		if err != nil {
 			return 0, 0, err
 		}
@@ -145,7 +145,7 @@ func (b *bench) producerRun(ctx context.Context, variant string, d time.Duration
 		<-l.Ready()
 		opts.Notifier = n
 	}
-	box, err := b.outbox(ctx, b.db, table, opts)
+	box, err := b.store(b.db, table, opts)
 	if err != nil {
 		return 0, 0, err
 	}
