@@ -35,6 +35,8 @@ func (d drainResult) rows() []row {
 // memPublisher is the in-memory broker: it accepts every event.
 type memPublisher struct{ n atomic.Int64 }
 
+func (p *memPublisher) Capabilities() core.PublisherCapabilities { return core.PublisherCapabilities{} }
+
 func (p *memPublisher) Publish(_ context.Context, evs []core.Event) error {
 	p.n.Add(int64(len(evs)))
 	return nil

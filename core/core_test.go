@@ -1,4 +1,4 @@
-package core
+package core_test
 
 import (
 	"context"
@@ -9,11 +9,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/txoutbox/txoutbox/core"
 )
 
 func TestPrepare(t *testing.T) {
 	t.Parallel()
-	ev := Event{EventType: "order.created"}
+	ev := core.Event{EventType: "order.created"}
 	if err := ev.Prepare(); err != nil {
 		t.Fatal(err)
 	}
@@ -24,12 +25,12 @@ func TestPrepare(t *testing.T) {
 	if string(ev.Payload) != "null" {
 		t.Errorf("empty payload became %q, want null", ev.Payload)
 	}
-	for name, bad := range map[string]Event{
+	for name, bad := range map[string]core.Event{
 		"no type":      {Payload: []byte(`{}`)},
 		"invalid json": {EventType: "x", Payload: []byte(`{"a":`)},
 		"bad id":       {EventType: "x", ID: "42"},
 	} {
-		if err := bad.Prepare(); !errors.Is(err, ErrInvalidEvent) {
+		if err := bad.Prepare(); !errors.Is(err, core.ErrInvalidEvent) {
 			t.Errorf("%s: %v, want ErrInvalidEvent", name, err)
 		}
 	}
@@ -37,16 +38,16 @@ func TestPrepare(t *testing.T) {
 
 func TestMessageHeadersIdentityWins(t *testing.T) {
 	t.Parallel()
-	ev := Event{ID: "id-1", EventType: "t", AggregateID: "a", Headers: map[string]string{HeaderEventID: "forged", "x": "y"}}
+	ev := core.Event{ID: "id-1", EventType: "t", AggregateID: "a", Headers: map[string]string{core.HeaderEventID: "forged", "x": "y"}}
 	h := ev.MessageHeaders()
-	if h[HeaderEventID] != "id-1" || h["x"] != "y" || h[HeaderAggregateID] != "a" || h[HeaderEventType] != "t" {
+	if h[core.HeaderEventID] != "id-1" || h["x"] != "y" || h[core.HeaderAggregateID] != "a" || h[core.HeaderEventType] != "t" {
 		t.Errorf("headers %v", h)
 	}
 }
 
 func TestBackoffGrowsWithinBounds(t *testing.T) {
 	t.Parallel()
-	p := RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Minute, Jitter: 0.5}
+	p := core.RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Minute, Jitter: 0.5}
 	for attempt := 1; attempt <= 40; attempt++ {
 		want := min(time.Second<<min(attempt-1, 30), time.Minute)
 		for range 20 {
@@ -56,7 +57,7 @@ func TestBackoffGrowsWithinBounds(t *testing.T) {
 			}
 		}
 	}
-	exact := RetryPolicy{InitialBackoff: time.Second, Jitter: -1}
+	exact := core.RetryPolicy{InitialBackoff: time.Second, Jitter: -1}
 	if d := exact.Backoff(3); d != 4*time.Second {
 		t.Errorf("no jitter: attempt 3 backoff %v, want 4s", d)
 	}
@@ -67,19 +68,19 @@ func TestBackoffGrowsWithinBounds(t *testing.T) {
 
 func TestEventErrors(t *testing.T) {
 	t.Parallel()
-	all := EventErrors(errors.New("down"), 3)
+	all := core.EventErrors(errors.New("down"), 3)
 	for _, err := range all {
 		if err == nil {
 			t.Fatal("a whole-batch error must fail every event")
 		}
 	}
-	be := NewBatchError(3)
+	be := core.NewBatchError(3)
 	be.Errs[1] = errors.New("one")
-	got := EventErrors(be, 3)
+	got := core.EventErrors(be, 3)
 	if got[0] != nil || got[1] == nil || got[2] != nil {
 		t.Errorf("per-event errors %v", got)
 	}
-	if NewBatchError(2).ErrOrNil() != nil {
+	if core.NewBatchError(2).ErrOrNil() != nil {
 		t.Error("a BatchError with no failures is nil")
 	}
 	if !errors.Is(be, be.Errs[1]) {
@@ -89,7 +90,7 @@ func TestEventErrors(t *testing.T) {
 
 func TestTruncateErrorKeepsUTF8(t *testing.T) {
 	t.Parallel()
-	s := truncateError(errors.New(strings.Repeat("é", 100)), 51)
+	s := core.TruncateError(errors.New(strings.Repeat("é", 100)), 51)
 	if !utf8.ValidString(s) || len(s) > 51+len("…") {
 		t.Errorf("truncated to %q", s)
 	}
@@ -107,27 +108,27 @@ func TestCleanupInBoundedBatches(t *testing.T) {
 	t.Parallel()
 	c := &fakeCleaner{left: 25}
 	var steps []int64
-	n, err := Cleanup(t.Context(), c, CleanupOptions{BatchSize: 10, OnProgress: func(d int64) { steps = append(steps, d) }})
+	n, err := core.Cleanup(t.Context(), c, core.CleanupOptions{BatchSize: 10, OnProgress: func(d int64) { steps = append(steps, d) }})
 	if err != nil || n != 25 || len(steps) != 3 || steps[2] != 25 {
 		t.Errorf("deleted %d steps %v err %v", n, steps, err)
 	}
 }
 
-type fixedStats Stats
+type fixedStats core.Stats
 
-func (s fixedStats) Stats(context.Context) (Stats, error) { return Stats(s), nil }
+func (s fixedStats) Stats(context.Context) (core.Stats, error) { return core.Stats(s), nil }
 
 func TestMonitorLag(t *testing.T) {
 	t.Parallel()
 	var called bool
-	m, err := NewMonitor(fixedStats{Pending: 2, OldestPendingAge: 2 * time.Minute}, MonitorOptions{Logger: quiet, OnLag: func(context.Context, Stats) { called = true }})
+	m, err := core.NewMonitor(fixedStats{Pending: 2, OldestPendingAge: 2 * time.Minute}, core.MonitorOptions{Logger: quiet, OnLag: func(context.Context, core.Stats) { called = true }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, lagging, _ := m.Check(t.Context()); !lagging || !called {
 		t.Error("2m-old pending event with the default 1m threshold must lag")
 	}
-	m2, _ := NewMonitor(fixedStats{Pending: 2, OldestPendingAge: time.Second}, MonitorOptions{Logger: quiet})
+	m2, _ := core.NewMonitor(fixedStats{Pending: 2, OldestPendingAge: time.Second}, core.MonitorOptions{Logger: quiet})
 	if _, lagging, _ := m2.Check(t.Context()); lagging {
 		t.Error("1s is not lagging")
 	}

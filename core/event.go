@@ -2,9 +2,9 @@ package core
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -18,16 +18,12 @@ const (
 	HeaderEventType     = "event_type"
 )
 
-// ErrInvalidEvent is wrapped by every error that rejects an event before it is
-// written, so that callers can tell bad input from a database failure.
-var ErrInvalidEvent = errors.New("txoutbox: invalid event")
-
 // Event is one row of the outbox.
 //
 // Producers fill EventType, Payload and usually AggregateType, AggregateID and
-// Headers; Prepare fills the rest. The store owns Seq, CreatedAt and the
-// delivery bookkeeping (PublishedAt, AttemptCount, LastError, NextAttemptAt,
-// DeadAt).
+// Headers; NewEvent and Prepare fill the ID. The store owns Seq, CreatedAt
+// and the delivery bookkeeping (PublishedAt, AttemptCount, LastError,
+// NextAttemptAt, DeadAt).
 type Event struct {
 	// Seq is the store's position of the event (a BIGSERIAL on PostgreSQL).
 	// It orders events and identifies the row to the relay.
@@ -54,7 +50,8 @@ type Event struct {
 	PublishedAt *time.Time
 	// AttemptCount counts publish attempts so far.
 	AttemptCount int
-	// LastError is the error of the latest failed attempt.
+	// LastError is the error of the latest failed attempt. It is cleared
+	// when the event is published.
 	LastError string
 	// NextAttemptAt is the earliest time the relay may try the event again.
 	NextAttemptAt time.Time
@@ -63,42 +60,50 @@ type Event struct {
 	DeadAt *time.Time
 }
 
-// Prepare validates e and fills defaults before it is written: a UUIDv7 ID
-// when none is set, and the JSON null payload when the payload is empty.
-// Adapters call it in Enqueue; it returns an error wrapping ErrInvalidEvent.
-func (e *Event) Prepare() error {
-	if e.EventType == "" {
-		return fmt.Errorf("%w: EventType is empty", ErrInvalidEvent)
+// NewEvent builds an event whose payload is v marshalled to JSON, with a
+// fresh UUIDv7 ID, so that the caller knows the event's ID before it is
+// written.
+func NewEvent(aggregateType, aggregateID, eventType string, v any) (Event, error) {
+	payload, err := json.Marshal(v)
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: marshal payload of %s: %w", ErrInvalidEvent, eventType, err)
 	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Event{}, fmt.Errorf("txoutbox: generate event id: %w", err)
+	}
+	return Event{
+		ID:            id.String(),
+		AggregateType: aggregateType,
+		AggregateID:   aggregateID,
+		EventType:     eventType,
+		Payload:       payload,
+	}, nil
+}
+
+// Prepare fills the defaults of e (a UUIDv7 ID when none is set, the JSON
+// null payload when the payload is empty) and validates it against
+// DefaultLimits. Adapters call PrepareEvents, which also runs hooks and
+// takes the adapter's Limits; errors wrap ErrInvalidEvent.
+func (e *Event) Prepare() error {
+	if err := e.fillDefaults(); err != nil {
+		return err
+	}
+	return e.Validate(DefaultLimits)
+}
+
+func (e *Event) fillDefaults() error {
 	if e.ID == "" {
 		id, err := uuid.NewV7()
 		if err != nil {
 			return fmt.Errorf("txoutbox: generate event id: %w", err)
 		}
 		e.ID = id.String()
-	} else if _, err := uuid.Parse(e.ID); err != nil {
-		return fmt.Errorf("%w: ID %q is not a UUID", ErrInvalidEvent, e.ID)
 	}
 	if len(e.Payload) == 0 {
 		e.Payload = json.RawMessage("null")
-	} else if !json.Valid(e.Payload) {
-		return fmt.Errorf("%w: payload of %s event %s is not valid JSON", ErrInvalidEvent, e.EventType, e.ID)
 	}
 	return nil
-}
-
-// NewEvent builds an event whose payload is v marshalled to JSON.
-func NewEvent(aggregateType, aggregateID, eventType string, v any) (Event, error) {
-	payload, err := json.Marshal(v)
-	if err != nil {
-		return Event{}, fmt.Errorf("%w: marshal payload of %s: %w", ErrInvalidEvent, eventType, err)
-	}
-	return Event{
-		AggregateType: aggregateType,
-		AggregateID:   aggregateID,
-		EventType:     eventType,
-		Payload:       payload,
-	}, nil
 }
 
 // MessageHeaders returns the headers to publish with e: its own headers plus
@@ -117,4 +122,19 @@ func (e *Event) MessageHeaders() map[string]string {
 		h[HeaderAggregateID] = e.AggregateID
 	}
 	return h
+}
+
+// validText checks that s can be stored in a text column of every supported
+// database and carried by every broker: valid UTF-8 without NUL
+// (PostgreSQL's text refuses both).
+func validText(field, s string) error {
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidEvent, field)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return fmt.Errorf("%w: %s contains a NUL byte at offset %d", ErrInvalidEvent, field, i)
+		}
+	}
+	return nil
 }

@@ -1,13 +1,6 @@
 package core
 
-import (
-	"context"
-	"errors"
-)
-
-// ErrMissingEventID is returned for a message that carries no event ID, which
-// an inbox cannot deduplicate.
-var ErrMissingEventID = errors.New("txoutbox: message has no event_id")
+import "context"
 
 // Inbox makes each event take effect once per consumer.
 //

@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 )
@@ -13,24 +12,16 @@ import (
 // partitions leave some idle.
 const DefaultPartitionCount = 32
 
-// ErrOrderedUnsupported is returned (wrapped) by NewRelay when ordered mode
-// is required but the store cannot claim in aggregate order.
-var ErrOrderedUnsupported = errors.New("txoutbox: store cannot claim events in aggregate order")
-
-// ErrPartitionCountMismatch is returned (wrapped) by a PartitionLeaser whose
-// partition count differs from the one the relays sharing its outbox use.
-// Every relay of one outbox must use the same count: an aggregate's
-// partition is its hash modulo the count.
-var ErrPartitionCountMismatch = errors.New("txoutbox: partition count differs from the other relays'")
-
 // OrderingMode selects whether a relay keeps per-aggregate order.
 type OrderingMode int
 
 const (
 	// OrderingAuto, the default, is ordered mode when the publisher
-	// reports that its broker keeps per-key order (see OrderingPublisher:
-	// Kafka, SNS FIFO) and the store can claim in order, and unordered
-	// mode otherwise.
+	// reports that its broker keeps per-key order
+	// (PublisherCapabilities.PreservesAggregateOrder: Kafka, SNS FIFO), and
+	// unordered mode otherwise. With such a publisher, a store that cannot
+	// claim in order fails NewRelay with ErrOrderedUnsupported: the relay
+	// never quietly gives up the order the broker would keep.
 	OrderingAuto OrderingMode = iota
 	// OrderingOff is the unordered mode: claims take any due events, so
 	// with several relays or retries an aggregate's events can overtake
@@ -107,25 +98,6 @@ type OrderedClaim struct {
 	DeadLetter DeadLetterPolicy
 }
 
-// OrderedStore is implemented by stores whose Claim honours
-// ClaimRequest.Ordered. A store of several databases reports per database
-// whether it can.
-type OrderedStore interface {
-	Store
-	// OrderedClaims reports whether Claim honours ClaimRequest.Ordered.
-	OrderedClaims() bool
-}
-
-// OrderingPublisher is implemented by publishers to brokers that keep the
-// order of messages with one key (Kafka partitions, SNS FIFO message
-// groups). Under OrderingAuto a relay runs in ordered mode when its
-// publisher reports true.
-type OrderingPublisher interface {
-	// PreservesAggregateOrder reports whether the broker delivers the
-	// events of one aggregate in the order they were published.
-	PreservesAggregateOrder() bool
-}
-
 // PartitionLeaser shares the partitions of ordered mode among the relays of
 // one outbox: each partition is leased to at most one relay at a time, the
 // lease expires unless renewed, and leases are rebalanced when relays join
@@ -147,14 +119,20 @@ type PartitionLeaser interface {
 // OrderedOptions configures ordered mode.
 type OrderedOptions struct {
 	// Leaser shares partitions with other relays; Relay.Run runs it (do
-	// not run it yourself). Without one, the relay claims from every
-	// partition; several relays without leasers are still ordered
-	// (partitions are never served by two open claims) but contend for
-	// every partition.
+	// not run it yourself). Default: the store's
+	// (StoreCapabilities.NewLeaser), built with PartitionCount. Without
+	// one, the relay claims from every partition; several relays without
+	// leasers are still ordered (partitions are never served by two open
+	// claims) but contend for every partition. Outside Run (ProcessBatch,
+	// Drain) the relay claims from every partition, since its leaser is
+	// not running.
 	Leaser PartitionLeaser
-	// PartitionCount is used without a Leaser. Default
+	// NoLeaser turns the store's leaser off: the relay claims from every
+	// partition.
+	NoLeaser bool
+	// PartitionCount is the number of partitions. Default
 	// DefaultPartitionCount; with a Leaser it must be zero or equal the
-	// leaser's.
+	// leaser's. Every relay of one outbox must use the same count.
 	PartitionCount int
 	// DeadLetter is the policy for aggregates with a dead event. Default
 	// DeadLetterBlock.
@@ -181,31 +159,43 @@ func (o OrderedOptions) withDefaults() (OrderedOptions, error) {
 	return o, nil
 }
 
-// resolveOrdering decides at NewRelay whether the relay runs ordered.
-func resolveOrdering(o *RelayOptions, store Store, pub Publisher) (bool, error) {
+// resolveOrdering decides at NewRelay whether the relay runs ordered, and
+// sets up its ordered options (the store's leaser among them).
+func resolveOrdering(o *RelayOptions, caps StoreCapabilities, pcaps PublisherCapabilities) (bool, error) {
 	switch o.Ordering {
 	case OrderingOff:
 		return false, nil
-	case OrderingAuto, OrderingOn:
+	case OrderingAuto:
+		if !pcaps.PreservesAggregateOrder {
+			return false, nil
+		}
+	case OrderingOn:
 	default:
 		return false, fmt.Errorf("%w: unknown OrderingMode %d", ErrInvalidOptions, int(o.Ordering))
 	}
-	if o.Ordering == OrderingAuto {
-		op, ok := pub.(OrderingPublisher)
-		if !ok || !op.PreservesAggregateOrder() {
-			return false, nil
+	if !caps.OrderedClaims {
+		why := "RelayOptions.Ordering is OrderingOn"
+		if o.Ordering == OrderingAuto {
+			why = "the publisher's broker keeps aggregate order (set RelayOptions.Ordering to OrderingOff to relay unordered on purpose)"
 		}
+		return false, fmt.Errorf("%w: %s", ErrOrderedUnsupported, why)
 	}
-	if os, ok := store.(OrderedStore); !ok || !os.OrderedClaims() {
-		if o.Ordering == OrderingOn {
-			return false, fmt.Errorf("%w: %T", ErrOrderedUnsupported, store)
-		}
-		o.Logger.Warn("txoutbox: the broker keeps aggregate order but the store cannot claim in order; relaying unordered", "store", fmt.Sprintf("%T", store))
-		return false, nil
+	if o.Ordered.Leaser != nil && o.Ordered.NoLeaser {
+		return false, fmt.Errorf("%w: OrderedOptions has both a Leaser and NoLeaser", ErrInvalidOptions)
 	}
 	oo, err := o.Ordered.withDefaults()
 	if err != nil {
 		return false, err
+	}
+	if oo.Leaser == nil && !oo.NoLeaser && caps.NewLeaser != nil {
+		l, err := caps.NewLeaser(LeaserConfig{PartitionCount: oo.PartitionCount, Logger: o.Logger})
+		if err != nil {
+			return false, fmt.Errorf("txoutbox: the store's partition leaser: %w", err)
+		}
+		if l.PartitionCount() != oo.PartitionCount {
+			return false, fmt.Errorf("%w: the store's leaser has %d partitions, want %d: %w", ErrInvalidOptions, l.PartitionCount(), oo.PartitionCount, ErrPartitionCountMismatch)
+		}
+		oo.Leaser = l
 	}
 	o.Ordered = oo
 	return true, nil
@@ -216,7 +206,7 @@ func resolveOrdering(o *RelayOptions, store Store, pub Publisher) (bool, error) 
 func (r *Relay) orderedRequest(worker int) (*OrderedClaim, bool) {
 	o := r.opts.Ordered
 	var parts []int
-	if o.Leaser != nil {
+	if o.Leaser != nil && r.running.Load() {
 		parts = o.Leaser.Held()
 	} else {
 		parts = make([]int, o.PartitionCount)
@@ -249,7 +239,7 @@ func (r *Relay) orderedRequest(worker int) (*OrderedClaim, bool) {
 // aggregate whose event fails drops out; its later events are left out of
 // the outcome, so the store releases them unchanged. cut reports that the
 // batch was cut off by shutdown (outcomes unknown).
-func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome, res BatchResult, cut bool) {
+func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome, res BatchResult, rep batchReport, cut bool) {
 	// Per aggregate, in Seq order: the claim's order may differ (a
 	// retried event has a later next_attempt_at).
 	var groups [][]Event
@@ -291,9 +281,10 @@ func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome
 		}
 		err := r.publish(pctx, batch)
 		if ctx.Err() != nil {
-			return Outcome{}, BatchResult{Claimed: len(events)}, true
+			return Outcome{}, BatchResult{Claimed: len(events)}, batchReport{}, true
 		}
-		o, rr := r.outcome(batch, err, publishTimedOut(pctx))
+		o, rr, rp := r.outcome(batch, err, publishTimedOut(pctx))
+		rep.merge(rp)
 		out.Published = append(out.Published, o.Published...)
 		out.Failed = append(out.Failed, o.Failed...)
 		res.Published += rr.Published
@@ -328,7 +319,7 @@ func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome
 			}
 		}
 	}
-	return out, res, false
+	return out, res, rep, false
 }
 
 func compareSeq(a, b int64) int {

@@ -1,125 +1,38 @@
-package core
+package core_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	memoutbox "github.com/txoutbox/txoutbox/adapters/memory"
+
+	"github.com/txoutbox/txoutbox/core"
 )
 
-// orderedMemStore is a memStore that also serves ordered claims, with the
-// semantics the SQL stores implement: partitions by hash of the aggregate,
-// one open claim per partition, and an event held back by an earlier
-// unpublished event of its aggregate that is not claimable now.
-type orderedMemStore struct {
-	*memStore
-	locked map[int]bool // partitions held by open claims
-}
+// The ordered tests run on the reference in-memory store, which serves
+// ordered claims with the semantics of the SQL stores.
+func newOrderedMemStore() *testStore { return newMemStore() }
 
-func newOrderedMemStore() *orderedMemStore {
-	return &orderedMemStore{memStore: newMemStore(), locked: map[int]bool{}}
-}
-
-func (s *orderedMemStore) OrderedClaims() bool { return true }
-
-func memPartition(ev *Event, n int) int {
-	if ev.AggregateID == "" {
-		return int(ev.Seq % int64(n))
-	}
-	h := fnv.New32a()
-	h.Write([]byte(ev.AggregateID))
-	return int(h.Sum32() % uint32(n))
-}
-
-func (s *orderedMemStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error) {
-	if req.Ordered == nil {
-		return s.memStore.Claim(ctx, req)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	o := req.Ordered
-	var parts []int
-	for _, p := range o.Partitions {
-		if !s.locked[p] {
-			s.locked[p] = true
-			parts = append(parts, p)
-		}
-	}
-	now := s.now()
-	blocks := func(e *Event) bool {
-		if e.PublishedAt != nil {
-			return false
-		}
-		if e.DeadAt != nil {
-			return o.DeadLetter == DeadLetterBlock
-		}
-		return e.NextAttemptAt.After(now)
-	}
-	var out []Event
-	for i, e := range s.events {
-		if len(out) == req.Limit {
-			break
-		}
-		if e.PublishedAt != nil || e.DeadAt != nil || s.held[e.Seq] || e.NextAttemptAt.After(now) ||
-			!slices.Contains(parts, memPartition(e, o.PartitionCount)) {
-			continue
-		}
-		ok := true
-		for _, prev := range s.events[:i] {
-			if e.AggregateID != "" && prev.AggregateID == e.AggregateID && blocks(prev) {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			s.held[e.Seq] = true
-			out = append(out, *e)
-		}
-	}
-	return &orderedMemClaim{memClaim: &memClaim{s: s.memStore, events: out}, s: s, parts: parts}, nil
-}
-
-type orderedMemClaim struct {
-	*memClaim
-	s     *orderedMemStore
-	parts []int
-}
-
-func (c *orderedMemClaim) unlock() {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	for _, p := range c.parts {
-		delete(c.s.locked, p)
-	}
-}
-
-func (c *orderedMemClaim) Commit(ctx context.Context, out Outcome) error {
-	defer c.unlock()
-	return c.memClaim.Commit(ctx, out)
-}
-
-func (c *orderedMemClaim) Release(ctx context.Context) error {
-	defer c.unlock()
-	return c.memClaim.Release(ctx)
-}
+func memPartition(ev *core.Event, n int) int { return memoutbox.Partition(ev, n) }
 
 // failIDs fails the events whose IDs it holds, publishing the rest to rec.
 type failIDs struct {
 	mu   sync.Mutex
 	fail map[string]bool
-	got  []Event
+	got  []core.Event
 }
 
-func (f *failIDs) Publish(ctx context.Context, events []Event) error {
+func (f *failIDs) Publish(ctx context.Context, events []core.Event) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	be := NewBatchError(len(events))
+	be := core.NewBatchError(len(events))
 	for i, ev := range events {
 		if f.fail[ev.ID] {
 			be.Errs[i] = errors.New("refused")
@@ -130,39 +43,35 @@ func (f *failIDs) Publish(ctx context.Context, events []Event) error {
 	return be.ErrOrNil()
 }
 
-func (f *failIDs) published() []Event {
+func (*failIDs) Capabilities() core.PublisherCapabilities { return core.PublisherCapabilities{} }
+
+func (f *failIDs) published() []core.Event {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.got)
 }
 
-func aggEvents(t *testing.T, s *orderedMemStore, aggs []string, perAgg int) []Event {
+func aggEvents(t *testing.T, s *testStore, aggs []string, perAgg int) []core.Event {
 	t.Helper()
 	for i := range perAgg {
 		for _, a := range aggs {
-			ev, err := NewEvent("test", a, "t", map[string]int{"n": i})
+			ev, err := core.NewEvent("test", a, "t", map[string]int{"n": i})
 			if err != nil {
 				t.Fatal(err)
 			}
 			s.add(ev)
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Event, len(s.events))
-	for i, e := range s.events {
-		out[i] = *e
-	}
-	return out
+	return s.Events()
 }
 
-func orderedRelay(t *testing.T, s Store, pub Publisher, o RelayOptions) *Relay {
+func orderedRelay(t *testing.T, s core.Store, pub core.Publisher, o core.RelayOptions) *core.Relay {
 	t.Helper()
-	o.Ordering = OrderingOn
+	o.Ordering = core.OrderingOn
 	if o.Logger == nil {
 		o.Logger = discardLogger()
 	}
-	r, err := NewRelay(s, pub, o)
+	r, err := core.NewRelay(s, pub, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +83,7 @@ func orderedRelay(t *testing.T, s Store, pub Publisher, o RelayOptions) *Relay {
 
 // checkOrder fails unless every aggregate's first deliveries come in Seq
 // order.
-func checkOrder(t *testing.T, got []Event) {
+func checkOrder(t *testing.T, got []core.Event) {
 	t.Helper()
 	seen := map[string]bool{}
 	last := map[string]int64{}
@@ -195,7 +104,7 @@ func TestOrderedFailureHoldsBackOnlyItsAggregate(t *testing.T) {
 	evs := aggEvents(t, s, []string{"a", "b", "c"}, 3) // a0 b0 c0 a1 b1 c1 a2 b2 c2
 	a1 := evs[3]
 	pub := &failIDs{fail: map[string]bool{a1.ID: true}}
-	r := orderedRelay(t, s, pub, RelayOptions{BatchSize: 100, Retry: RetryPolicy{InitialBackoff: time.Hour}})
+	r := orderedRelay(t, s, pub, core.RelayOptions{BatchSize: 100, Retry: core.RetryPolicy{InitialBackoff: time.Hour}})
 
 	res, err := r.ProcessBatch(t.Context())
 	if err != nil {
@@ -221,9 +130,7 @@ func TestOrderedFailureHoldsBackOnlyItsAggregate(t *testing.T) {
 	}
 
 	// a1's backoff ends: a1, a2, a3 follow in order.
-	s.mu.Lock()
-	s.now = func() time.Time { return time.Now().Add(2 * time.Hour) }
-	s.mu.Unlock()
+	s.advance(2 * time.Hour)
 	pub.mu.Lock()
 	pub.fail = nil
 	pub.mu.Unlock()
@@ -243,9 +150,9 @@ func TestOrderedFailureHoldsBackOnlyItsAggregate(t *testing.T) {
 	checkOrder(t, got)
 }
 
-func mustEvent(t *testing.T, agg string, n int) Event {
+func mustEvent(t *testing.T, agg string, n int) core.Event {
 	t.Helper()
-	ev, err := NewEvent("test", agg, "t", map[string]int{"n": n})
+	ev, err := core.NewEvent("test", agg, "t", map[string]int{"n": n})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,14 +160,14 @@ func mustEvent(t *testing.T, agg string, n int) Event {
 }
 
 func TestOrderedDeadLetterPolicies(t *testing.T) {
-	for _, policy := range []DeadLetterPolicy{DeadLetterBlock, DeadLetterSkip} {
+	for _, policy := range []core.DeadLetterPolicy{core.DeadLetterBlock, core.DeadLetterSkip} {
 		t.Run(policy.String(), func(t *testing.T) {
 			s := newOrderedMemStore()
 			evs := aggEvents(t, s, []string{"a", "b"}, 2) // a0 b0 a1 b1
 			pub := &failIDs{fail: map[string]bool{evs[0].ID: true}}
-			r := orderedRelay(t, s, pub, RelayOptions{
-				Retry:   RetryPolicy{MaxAttempts: 1},
-				Ordered: OrderedOptions{DeadLetter: policy},
+			r := orderedRelay(t, s, pub, core.RelayOptions{
+				Retry:   core.RetryPolicy{MaxAttempts: 1},
+				Ordered: core.OrderedOptions{DeadLetter: policy},
 			})
 			res, err := r.ProcessBatch(t.Context())
 			if err != nil {
@@ -274,11 +181,11 @@ func TestOrderedDeadLetterPolicies(t *testing.T) {
 			}
 			a1 := s.get(evs[2].Seq)
 			switch policy {
-			case DeadLetterBlock:
+			case core.DeadLetterBlock:
 				if a1.PublishedAt != nil {
 					t.Fatal("a1 published although a0 is dead and the policy blocks")
 				}
-			case DeadLetterSkip:
+			case core.DeadLetterSkip:
 				if a1.PublishedAt == nil {
 					t.Fatal("a1 not published although the policy skips dead events")
 				}
@@ -302,7 +209,7 @@ func TestOrderedConcurrentWorkersRandomFailures(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var mu sync.Mutex
 	rec := &failIDs{}
-	pub := PublisherFunc(func(ctx context.Context, events []Event) error {
+	pub := core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
 		mu.Lock()
 		fail := map[string]bool{}
 		for _, ev := range events {
@@ -316,10 +223,10 @@ func TestOrderedConcurrentWorkersRandomFailures(t *testing.T) {
 		rec.mu.Unlock()
 		return rec.Publish(ctx, events)
 	})
-	r := orderedRelay(t, s, pub, RelayOptions{
+	r := orderedRelay(t, s, pub, core.RelayOptions{
 		BatchSize: 30, Concurrency: 4, PollInterval: time.Millisecond,
-		Retry:   RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxAttempts: 1000},
-		Ordered: OrderedOptions{PartitionCount: 8},
+		Retry:   core.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxAttempts: 1000},
+		Ordered: core.OrderedOptions{PartitionCount: 8},
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -350,34 +257,44 @@ func TestOrderedConcurrentWorkersRandomFailures(t *testing.T) {
 }
 
 type orderingPub struct {
-	PublisherFunc
+	core.PublisherFunc
 	keeps bool
 }
 
-func (p orderingPub) PreservesAggregateOrder() bool { return p.keeps }
+func (p orderingPub) Capabilities() core.PublisherCapabilities {
+	return core.PublisherCapabilities{PreservesAggregateOrder: p.keeps}
+}
+
+// unorderedStore is a store that cannot claim in order.
+type unorderedStore struct{ *testStore }
+
+func (unorderedStore) Capabilities() core.StoreCapabilities { return core.StoreCapabilities{} }
 
 func TestOrderingModeResolution(t *testing.T) {
-	nop := PublisherFunc(func(context.Context, []Event) error { return nil })
+	nop := core.PublisherFunc(func(context.Context, []core.Event) error { return nil })
 	kafkaLike := orderingPub{PublisherFunc: nop, keeps: true}
 	cases := []struct {
 		name    string
-		store   Store
-		pub     Publisher
-		mode    OrderingMode
+		store   core.Store
+		pub     core.Publisher
+		mode    core.OrderingMode
 		ordered bool
 		err     error
 	}{
-		{"auto, plain broker", newOrderedMemStore(), nop, OrderingAuto, false, nil},
-		{"auto, ordering broker", newOrderedMemStore(), kafkaLike, OrderingAuto, true, nil},
-		{"auto, ordering broker, store cannot", newMemStore(), kafkaLike, OrderingAuto, false, nil},
-		{"on, store cannot", newMemStore(), nop, OrderingOn, false, ErrOrderedUnsupported},
-		{"on", newOrderedMemStore(), nop, OrderingOn, true, nil},
-		{"off, ordering broker", newOrderedMemStore(), kafkaLike, OrderingOff, false, nil},
-		{"unknown mode", newOrderedMemStore(), nop, OrderingMode(9), false, ErrInvalidOptions},
+		{"auto, plain broker", newOrderedMemStore(), nop, core.OrderingAuto, false, nil},
+		{"auto, ordering broker", newOrderedMemStore(), kafkaLike, core.OrderingAuto, true, nil},
+		// Never a quiet downgrade: the broker would keep order, the store
+		// cannot, so the relay refuses to start.
+		{"auto, ordering broker, store cannot", unorderedStore{newMemStore()}, kafkaLike, core.OrderingAuto, false, core.ErrOrderedUnsupported},
+		{"auto, plain broker, store cannot", unorderedStore{newMemStore()}, nop, core.OrderingAuto, false, nil},
+		{"on, store cannot", unorderedStore{newMemStore()}, nop, core.OrderingOn, false, core.ErrOrderedUnsupported},
+		{"on", newOrderedMemStore(), nop, core.OrderingOn, true, nil},
+		{"off, ordering broker", newOrderedMemStore(), kafkaLike, core.OrderingOff, false, nil},
+		{"unknown mode", newOrderedMemStore(), nop, core.OrderingMode(9), false, core.ErrInvalidOptions},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := NewRelay(c.store, c.pub, RelayOptions{Ordering: c.mode, Logger: discardLogger()})
+			r, err := core.NewRelay(c.store, c.pub, core.RelayOptions{Ordering: c.mode, Logger: discardLogger()})
 			if !errors.Is(err, c.err) {
 				t.Fatalf("NewRelay error %v, want %v", err, c.err)
 			}
@@ -386,12 +303,12 @@ func TestOrderingModeResolution(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewRelay(newOrderedMemStore(), nop, RelayOptions{Ordering: OrderingOn,
-		Ordered: OrderedOptions{PartitionCount: 8, Leaser: &fakeLeaser{n: 16}}}); !errors.Is(err, ErrPartitionCountMismatch) {
+	if _, err := core.NewRelay(newOrderedMemStore(), nop, core.RelayOptions{Ordering: core.OrderingOn,
+		Ordered: core.OrderedOptions{PartitionCount: 8, Leaser: &fakeLeaser{n: 16}}}); !errors.Is(err, core.ErrPartitionCountMismatch) {
 		t.Fatalf("PartitionCount differing from the leaser's: %v, want ErrPartitionCountMismatch", err)
 	}
-	if _, err := NewRelay(newOrderedMemStore(), nop, RelayOptions{Ordering: OrderingOn,
-		Ordered: OrderedOptions{DeadLetter: DeadLetterPolicy(7)}}); !errors.Is(err, ErrInvalidOptions) {
+	if _, err := core.NewRelay(newOrderedMemStore(), nop, core.RelayOptions{Ordering: core.OrderingOn,
+		Ordered: core.OrderedOptions{DeadLetter: core.DeadLetterPolicy(7)}}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Fatalf("unknown dead-letter policy: %v, want ErrInvalidOptions", err)
 	}
 }
@@ -426,30 +343,29 @@ func (l *fakeLeaser) Run(ctx context.Context) error {
 	return nil
 }
 
-// The relay claims only from the partitions its leaser holds, runs the
-// leaser, and returns the leaser's error when it cannot work.
+// While Run runs, the relay claims only from the partitions its leaser
+// holds; it runs the leaser, waits for it at the end, and returns the
+// leaser's error when it cannot work. Outside Run (Drain) it claims from
+// every partition, since no leaser is running.
 func TestOrderedRelayUsesLeaser(t *testing.T) {
 	s := newOrderedMemStore()
 	evs := aggEvents(t, s, []string{"a", "b", "c", "d", "e", "f"}, 1)
 	held := memPartition(&evs[0], 4)
-	l := &fakeLeaser{n: 4, held: []int{held}, ran: make(chan struct{})}
-	rec := &failIDs{}
-	r := orderedRelay(t, s, rec, RelayOptions{Ordered: OrderedOptions{Leaser: l}, PollInterval: time.Millisecond})
-	if _, err := r.Drain(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	for _, ev := range rec.published() {
-		if p := memPartition(&ev, 4); p != held {
-			t.Fatalf("event of partition %d published by a relay holding only %d", p, held)
+	inHeld := 0
+	for i := range evs {
+		if memPartition(&evs[i], 4) == held {
+			inHeld++
 		}
 	}
-	if len(rec.published()) == 0 {
-		t.Fatal("nothing published from the held partition")
-	}
+	l := &fakeLeaser{n: 4, held: []int{held}, ran: make(chan struct{})}
+	rec := &failIDs{}
+	r := orderedRelay(t, s, rec, core.RelayOptions{Ordered: core.OrderedOptions{Leaser: l}, PollInterval: time.Millisecond})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	<-l.ran
+	waitFor(t, func() bool { return len(rec.published()) >= inHeld }, "the held partition's events")
+	time.Sleep(20 * time.Millisecond) // room for a wrong claim to happen
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -457,10 +373,24 @@ func TestOrderedRelayUsesLeaser(t *testing.T) {
 	if !l.closed {
 		t.Fatal("Run returned before the leaser released its leases")
 	}
+	for _, ev := range rec.published() {
+		if p := memPartition(&ev, 4); p != held {
+			t.Fatalf("event of partition %d published by a relay holding only %d", p, held)
+		}
+	}
+	if n := len(rec.published()); n != inHeld {
+		t.Fatalf("published %d events while holding one partition, want its %d", n, inHeld)
+	}
+	if _, err := r.Drain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(rec.published()); n != len(evs) {
+		t.Fatalf("Drain outside Run published %d of %d events in all, want every partition's", n, len(evs))
+	}
 
-	bad := &fakeLeaser{n: 4, err: ErrPartitionCountMismatch}
-	r = orderedRelay(t, s, rec, RelayOptions{Ordered: OrderedOptions{Leaser: bad}})
-	if err := r.Run(t.Context()); !errors.Is(err, ErrPartitionCountMismatch) {
+	bad := &fakeLeaser{n: 4, err: core.ErrPartitionCountMismatch}
+	r = orderedRelay(t, s, rec, core.RelayOptions{Ordered: core.OrderedOptions{Leaser: bad}})
+	if err := r.Run(t.Context()); !errors.Is(err, core.ErrPartitionCountMismatch) {
 		t.Fatalf("Run with a failing leaser = %v, want its error", err)
 	}
 }

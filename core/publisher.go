@@ -12,16 +12,37 @@ import (
 // Publish returns nil when the broker accepted every event, a *BatchError
 // when it accepted some and refused others, and any other error when the
 // whole batch failed. A publisher must not report an event as published
-// before the broker confirmed it.
+// before the broker confirmed it. An event that can never be sent (too
+// large for the broker, a header it cannot carry) fails alone, with an
+// error marked by Permanent, and never fails the other events of its batch.
+// When ctx ends, the events not yet confirmed fail with ctx's error.
+//
+// The conformance suite (outboxtest.RunPublisher) proves a Publisher against
+// a real broker.
 type Publisher interface {
 	Publish(ctx context.Context, events []Event) error
+	// Capabilities reports what the broker guarantees. It is constant for
+	// the life of the publisher.
+	Capabilities() PublisherCapabilities
 }
 
-// PublisherFunc adapts a function to Publisher.
+// PublisherCapabilities is what a Publisher's broker guarantees, as data.
+type PublisherCapabilities struct {
+	// PreservesAggregateOrder: the broker delivers the events of one
+	// aggregate in the order they were published (Kafka partitions by key,
+	// SNS FIFO message groups). Under OrderingAuto a relay runs in ordered
+	// mode when it is set.
+	PreservesAggregateOrder bool
+}
+
+// PublisherFunc adapts a function to a Publisher with no capabilities.
 type PublisherFunc func(ctx context.Context, events []Event) error
 
 // Publish calls f.
 func (f PublisherFunc) Publish(ctx context.Context, events []Event) error { return f(ctx, events) }
+
+// Capabilities returns the zero PublisherCapabilities.
+func (PublisherFunc) Capabilities() PublisherCapabilities { return PublisherCapabilities{} }
 
 // BatchError reports per event which publishes of a batch failed.
 type BatchError struct {
@@ -106,3 +127,9 @@ func truncateError(err error, max int) string {
 	}
 	return s + "…"
 }
+
+// TopicFunc chooses the topic (exchange, Kafka topic, SNS topic) of an event.
+type TopicFunc func(ev *Event) string
+
+// TopicByEventType is the default TopicFunc: the topic is the event type.
+func TopicByEventType(ev *Event) string { return ev.EventType }

@@ -1,4 +1,4 @@
-package core
+package core_test
 
 import (
 	"context"
@@ -8,15 +8,17 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox/core"
 )
 
 // hangAfter publishes the first n events of each call and then waits for
 // ctx, as a publisher on a connection that stopped answering does (for at
 // most 5s, so that a relay that never cuts it off fails the test rather
 // than hangs it).
-func hangAfter(n int, published *atomic.Int32) PublisherFunc {
-	return func(ctx context.Context, evs []Event) error {
-		be := NewBatchError(len(evs))
+func hangAfter(n int, published *atomic.Int32) core.PublisherFunc {
+	return func(ctx context.Context, evs []core.Event) error {
+		be := core.NewBatchError(len(evs))
 		for i := range evs {
 			if i < n {
 				published.Add(1)
@@ -38,10 +40,10 @@ func TestPublishTimeoutFailsUnsentEvents(t *testing.T) {
 	s := newMemStore()
 	s.add(testEvents(3, "t")...)
 	var published atomic.Int32
-	r, err := NewRelay(s, hangAfter(1, &published), RelayOptions{
+	r, err := core.NewRelay(s, hangAfter(1, &published), core.RelayOptions{
 		Logger:         quiet,
 		PublishTimeout: 50 * time.Millisecond,
-		Retry:          RetryPolicy{InitialBackoff: time.Hour, Jitter: -1},
+		Retry:          core.RetryPolicy{InitialBackoff: time.Hour, Jitter: -1},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +52,7 @@ func TestPublishTimeoutFailsUnsentEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res != (BatchResult{Claimed: 3, Published: 1, Failed: 2}) {
+	if res != (core.BatchResult{Claimed: 3, Published: 1, Failed: 2}) {
 		t.Errorf("result %+v, want 1 published and 2 failed", res)
 	}
 	if ev := s.get(1); ev.PublishedAt == nil {
@@ -58,7 +60,7 @@ func TestPublishTimeoutFailsUnsentEvents(t *testing.T) {
 	}
 	for _, seq := range []int64{2, 3} {
 		ev := s.get(seq)
-		if ev.PublishedAt != nil || ev.AttemptCount != 1 || !strings.Contains(ev.LastError, ErrPublishTimeout.Error()) ||
+		if ev.PublishedAt != nil || ev.AttemptCount != 1 || !strings.Contains(ev.LastError, core.ErrPublishTimeout.Error()) ||
 			ev.NextAttemptAt.Sub(ev.CreatedAt) < 59*time.Minute {
 			t.Errorf("event %d: %+v; want one failed attempt naming the timeout, retried after its backoff", seq, ev)
 		}
@@ -78,13 +80,13 @@ func TestPublishTimeoutDefaultAndDisabled(t *testing.T) {
 		s.add(testEvents(1, "t")...)
 		var left time.Duration
 		var has bool
-		pub := PublisherFunc(func(ctx context.Context, _ []Event) error {
+		pub := core.PublisherFunc(func(ctx context.Context, _ []core.Event) error {
 			var dl time.Time
 			dl, has = ctx.Deadline()
 			left = time.Until(dl)
 			return nil
 		})
-		r, err := NewRelay(s, pub, RelayOptions{Logger: quiet, PublishTimeout: tc.opt})
+		r, err := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, PublishTimeout: tc.opt})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,19 +112,19 @@ func TestPublishTimeoutOrderedFailsLaterRounds(t *testing.T) {
 	aggEvents(t, s, []string{"a", "b"}, 2) // a0 b0 a1 b1
 	var calls, published atomic.Int32
 	hang := hangAfter(0, &published)
-	pub := PublisherFunc(func(ctx context.Context, evs []Event) error {
+	pub := core.PublisherFunc(func(ctx context.Context, evs []core.Event) error {
 		if calls.Add(1) == 1 {
 			published.Add(int32(len(evs)))
 			return nil
 		}
 		return hang(ctx, evs)
 	})
-	r := orderedRelay(t, s, pub, RelayOptions{PublishTimeout: 50 * time.Millisecond, Retry: RetryPolicy{InitialBackoff: time.Hour}})
+	r := orderedRelay(t, s, pub, core.RelayOptions{PublishTimeout: 50 * time.Millisecond, Retry: core.RetryPolicy{InitialBackoff: time.Hour}})
 	res, err := r.ProcessBatch(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res != (BatchResult{Claimed: 4, Published: 2, Failed: 2}) || published.Load() != 2 {
+	if res != (core.BatchResult{Claimed: 4, Published: 2, Failed: 2}) || published.Load() != 2 {
 		t.Errorf("result %+v (publisher sent %d), want round one published and round two failed", res, published.Load())
 	}
 	if c := r.Counters(); c.Released != 0 {
@@ -160,14 +162,14 @@ func TestPublisherIgnoringContextIsReported(t *testing.T) {
 	}()
 	// This publisher ignores ctx: it returns only once the relay has said
 	// so (or after 10s, which fails the test below).
-	pub := PublisherFunc(func(ctx context.Context, _ []Event) error {
+	pub := core.PublisherFunc(func(ctx context.Context, _ []core.Event) error {
 		select {
 		case <-warned:
 		case <-time.After(10 * time.Second):
 		}
 		return nil
 	})
-	r, err := NewRelay(s, pub, RelayOptions{Logger: slog.New(logs), PublishTimeout: 10 * time.Millisecond})
+	r, err := core.NewRelay(s, pub, core.RelayOptions{Logger: slog.New(logs), PublishTimeout: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,13 +196,13 @@ func BenchmarkPublishContext(b *testing.B) {
 		d    time.Duration
 	}{{"timeout", 30 * time.Second}, {"none", -1}} {
 		b.Run(tc.name, func(b *testing.B) {
-			r, err := NewRelay(newMemStore(), &recordingPub{}, RelayOptions{Logger: quiet, PublishTimeout: tc.d})
+			r, err := core.NewRelay(newMemStore(), &recordingPub{}, core.RelayOptions{Logger: quiet, PublishTimeout: tc.d})
 			if err != nil {
 				b.Fatal(err)
 			}
 			ctx := context.Background()
 			for b.Loop() {
-				_, done := r.publishContext(ctx, 100)
+				_, done := r.PublishContext(ctx, 100)
 				done()
 			}
 		})

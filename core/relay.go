@@ -10,16 +10,19 @@ import (
 	"time"
 )
 
-// ErrInvalidOptions is wrapped by errors that reject a configuration.
-var ErrInvalidOptions = errors.New("txoutbox: invalid options")
-
-// ErrPublishTimeout is wrapped by the stored error of an event that its
-// publisher had not sent when RelayOptions.PublishTimeout ran out.
-var ErrPublishTimeout = errors.New("txoutbox: publish timed out")
+// Bounds of the size options of RelayOptions: a larger value is a mistake
+// (--batch-size 2000000000 would allocate for two billion events), refused
+// with an error wrapping ErrInvalidOptions.
+const (
+	MaxBatchSize      = 10_000
+	MaxConcurrency    = 256
+	MaxErrorLengthMax = 64 << 10
+)
 
 // RelayOptions configures a Relay. Zero fields take their defaults.
 type RelayOptions struct {
-	// BatchSize is how many events one claim takes. Default 100.
+	// BatchSize is how many events one claim takes. Default 100, at most
+	// MaxBatchSize.
 	BatchSize int
 	// PollInterval is how long an idle worker waits before claiming again
 	// when nothing woke it. Default 1s.
@@ -33,7 +36,8 @@ type RelayOptions struct {
 	// disables it.
 	Cooldown time.Duration
 	// Concurrency is the number of workers, each with its own claim.
-	// Default 1; capped by a store that implements ConcurrencyLimiter.
+	// Default 1, at most MaxConcurrency; capped by the store's
+	// StoreCapabilities.MaxConcurrency.
 	Concurrency int
 	// Retry decides backoff and dead-lettering.
 	Retry RetryPolicy
@@ -50,13 +54,14 @@ type RelayOptions struct {
 	// the relay logs a warning when one overruns. Default 30s; negative
 	// disables it.
 	PublishTimeout time.Duration
-	// MaxErrorLength bounds the stored LastError. Default 2000 bytes.
+	// MaxErrorLength bounds the stored LastError. Default 2000 bytes, at
+	// most MaxErrorLengthMax.
 	MaxErrorLength int
 	// Logger receives the relay's structured logs. Default slog.Default().
 	Logger *slog.Logger
 	// Ordering selects per-aggregate ordering (see docs/ordering.md).
 	// Default OrderingAuto: ordered when the publisher's broker keeps
-	// per-key order (Kafka, SNS FIFO) and the store can claim in order.
+	// per-key order (Kafka, SNS FIFO).
 	Ordering OrderingMode
 	// Ordered configures ordered mode: the partition leaser shared with
 	// other relays, and the dead-letter policy.
@@ -66,6 +71,18 @@ type RelayOptions struct {
 func (o RelayOptions) withDefaults() (RelayOptions, error) {
 	if o.BatchSize < 0 || o.PollInterval < 0 || o.Concurrency < 0 || o.ShutdownTimeout < 0 || o.MaxErrorLength < 0 {
 		return o, fmt.Errorf("%w: negative BatchSize, PollInterval, Concurrency, ShutdownTimeout or MaxErrorLength", ErrInvalidOptions)
+	}
+	if o.BatchSize > MaxBatchSize {
+		return o, fmt.Errorf("%w: BatchSize %d is above the limit of %d", ErrInvalidOptions, o.BatchSize, MaxBatchSize)
+	}
+	if o.Concurrency > MaxConcurrency {
+		return o, fmt.Errorf("%w: Concurrency %d is above the limit of %d", ErrInvalidOptions, o.Concurrency, MaxConcurrency)
+	}
+	if o.MaxErrorLength > MaxErrorLengthMax {
+		return o, fmt.Errorf("%w: MaxErrorLength %d is above the limit of %d", ErrInvalidOptions, o.MaxErrorLength, MaxErrorLengthMax)
+	}
+	if err := o.Retry.validate(); err != nil {
+		return o, err
 	}
 	if o.BatchSize == 0 {
 		o.BatchSize = 100
@@ -125,16 +142,26 @@ type BatchResult struct {
 // backoff with jitter, and dead-lettered after RetryPolicy.MaxAttempts.
 type Relay struct {
 	store   Store
+	caps    StoreCapabilities
 	pub     Publisher
 	opts    RelayOptions
 	log     *slog.Logger
 	wake    chan struct{}
 	ordered bool // resolved from opts.Ordering at NewRelay
+	running atomic.Bool
 
 	batches, published, failed, dead, released atomic.Int64
+
+	// brokerDown and storeDown turn a dependency's outage into two log
+	// lines (down, back) instead of one per batch or per event.
+	brokerDown, storeDown atomic.Bool
 }
 
-// NewRelay returns a relay from store to pub.
+// NewRelay returns a relay from store to pub. It reads both capabilities:
+// the store's concurrency limit caps Concurrency; ordered mode is decided
+// from Ordering and the publisher's order guarantee (and fails with
+// ErrOrderedUnsupported when the store cannot keep it); the store's leaser
+// and its wake-up signal are used without further wiring.
 func NewRelay(store Store, pub Publisher, opts RelayOptions) (*Relay, error) {
 	if store == nil || pub == nil {
 		return nil, fmt.Errorf("%w: NewRelay needs a Store and a Publisher", ErrInvalidOptions)
@@ -143,29 +170,39 @@ func NewRelay(store Store, pub Publisher, opts RelayOptions) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l, ok := store.(ConcurrencyLimiter); ok && o.Concurrency > l.MaxConcurrency() {
-		o.Logger.Info("txoutbox: relay concurrency capped by store", "asked", o.Concurrency, "max", l.MaxConcurrency())
-		o.Concurrency = l.MaxConcurrency()
+	caps := store.Capabilities()
+	if max := caps.MaxConcurrency; max > 0 && o.Concurrency > max {
+		o.Logger.Info("txoutbox: relay concurrency capped by store", "asked", o.Concurrency, "max", max)
+		o.Concurrency = max
 	}
-	ordered, err := resolveOrdering(&o, store, pub)
+	ordered, err := resolveOrdering(&o, caps, pub.Capabilities())
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{store: store, pub: pub, opts: o, log: o.Logger, wake: make(chan struct{}, 1), ordered: ordered}, nil
+	return &Relay{store: store, caps: caps, pub: pub, opts: o, log: o.Logger, wake: make(chan struct{}, 1), ordered: ordered}, nil
 }
 
 // Ordered reports whether the relay runs in ordered mode.
 func (r *Relay) Ordered() bool { return r.ordered }
+
+// Leaser returns the partition leaser of ordered mode (the one given in
+// RelayOptions.Ordered or the store's), or nil.
+func (r *Relay) Leaser() PartitionLeaser {
+	if !r.ordered {
+		return nil
+	}
+	return r.opts.Ordered.Leaser
+}
 
 // Options returns the relay's options with defaults applied.
 func (r *Relay) Options() RelayOptions { return r.opts }
 
 // Notify wakes an idle worker at once instead of at the next poll. It never
 // blocks, and calls that come faster than the relay claims are coalesced.
-// Producers call it (through an adapter's Notifier option) when they enqueue;
-// if the producer's transaction has not committed yet when the worker claims,
-// the worker looks again a few times within milliseconds before it goes
-// back to polling.
+// A running relay is notified by its store's adapter after every write
+// (StoreCapabilities.Wakeups); if the producer's transaction has not
+// committed yet when the worker claims, the worker looks again a few times
+// within milliseconds before it goes back to polling.
 func (r *Relay) Notify() {
 	select {
 	case r.wake <- struct{}{}:
@@ -185,17 +222,36 @@ func (r *Relay) Counters() RelayCounters {
 }
 
 // Run runs the workers until ctx is cancelled, then lets batches in flight
-// finish (within ShutdownTimeout) and returns nil. Store errors are logged
-// and retried; Run does not return because of them. In ordered mode Run
+// finish (within ShutdownTimeout) and returns nil. Errors that pass (the
+// database or the broker down) are logged when they start and when they
+// end, and retried; an error that retrying cannot cure (ErrNotMigrated: the
+// table does not exist) stops the workers and is returned. While it runs,
+// the relay is subscribed to its store's wake-up signal. In ordered mode Run
 // also runs the PartitionLeaser, releasing the leases after the last batch;
-// if the leaser fails, Run stops the workers and returns its error.
+// if the leaser fails, Run stops the workers and returns its error. Run may
+// be called again after it returned, but not concurrently.
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: Relay.Run is already running", ErrInvalidOptions)
+	}
+	defer r.running.Store(false)
+	if r.caps.Wakeups != nil {
+		defer r.caps.Wakeups.Subscribe(r.Notify)()
+	}
 	var leaser PartitionLeaser
 	if r.ordered {
 		leaser = r.opts.Ordered.Leaser
 	}
 	wctx, stopWorkers := context.WithCancel(ctx)
 	defer stopWorkers()
+	var fatalOnce sync.Once
+	var fatal error
+	fail := func(err error) {
+		fatalOnce.Do(func() {
+			fatal = err
+			stopWorkers()
+		})
+	}
 	lctx, stopLeaser := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopLeaser()
 	leaserDone := make(chan error, 1)
@@ -213,21 +269,23 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.work(wctx, i, r.log.With("worker", i))
+			if err := r.work(wctx, i, r.log.With("worker", i)); err != nil {
+				fail(err)
+			}
 		}()
 	}
 	wg.Wait()
 	if leaser == nil {
-		return nil
+		return fatal
 	}
 	// The leases go only after the last batch: handing a partition over
 	// while its batch is in flight would be safe (the store fences claims)
 	// but would make the successor wait.
 	stopLeaser()
-	if err := <-leaserDone; err != nil {
+	if err := <-leaserDone; err != nil && fatal == nil {
 		return fmt.Errorf("txoutbox: partition leaser: %w", err)
 	}
-	return nil
+	return fatal
 }
 
 // wakeGrace are the waits after a Notify whose claim found nothing: the
@@ -239,7 +297,9 @@ var wakeGrace = []time.Duration{
 	16 * time.Millisecond, 32 * time.Millisecond, 64 * time.Millisecond, 128 * time.Millisecond,
 }
 
-func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) {
+// work is one worker's loop. It returns an error that retrying cannot
+// cure, and nil when ctx ends.
+func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	errWait := time.Duration(0)
@@ -248,14 +308,18 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) {
 		start := time.Now()
 		res, err := r.processBatch(ctx, worker)
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
+		if errors.Is(err, ErrNotMigrated) {
+			log.Error("txoutbox: relay stopped", "error", err)
+			return err
+		}
+		r.storeState(err, log)
 		var wait time.Duration
 		switch {
 		case err != nil:
 			errWait = min(max(2*errWait, 100*time.Millisecond), 5*time.Second, r.opts.PollInterval)
 			wait = errWait
-			log.Error("txoutbox: relay batch failed", "error", err, "retry_in", wait)
 		case res.Claimed == r.opts.BatchSize:
 			errWait = 0
 			continue // a full batch: more is probably waiting
@@ -280,16 +344,32 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) {
 			wait = max(wait, r.opts.Cooldown-time.Since(start))
 		}
 		if !r.sleep(ctx, timer, wait, &grace) {
-			return
+			return nil
 		}
 		if err == nil {
 			// A Notify may have cut the wait short: the cooldown still
 			// holds, and the Notifies during it coalesce into this claim.
 			if rest := r.opts.Cooldown - time.Since(start); rest > 0 && !r.sleep(ctx, timer, rest, nil) {
-				return
+				return nil
 			}
 		}
 	}
+}
+
+// storeState logs the start and the end of a run of failed batches once
+// each, so that a database outage writes two lines, not one a second.
+func (r *Relay) storeState(err error, log *slog.Logger) {
+	if err == nil {
+		if r.storeDown.CompareAndSwap(true, false) {
+			log.Info("txoutbox: relay batches succeed again")
+		}
+		return
+	}
+	if r.storeDown.CompareAndSwap(false, true) {
+		log.Error("txoutbox: relay batch failed; retrying with backoff until it succeeds (logged once)", "error", err)
+		return
+	}
+	log.Debug("txoutbox: relay batch failed again", "error", err)
 }
 
 // sleep waits for d, a Notify (which restarts the wake grace, when grace is
@@ -364,17 +444,18 @@ func (r *Relay) processBatch(ctx context.Context, worker int) (BatchResult, erro
 	var (
 		out Outcome
 		res BatchResult
+		rep batchReport
 		cut bool
 	)
 	if r.ordered {
-		out, res, cut = r.publishOrdered(bctx, events)
+		out, res, rep, cut = r.publishOrdered(bctx, events)
 	} else {
 		pctx, done := r.publishContext(bctx, len(events))
 		pubErr := r.publish(pctx, events)
 		timedOut := done()
 		cut = bctx.Err() != nil
 		if !cut {
-			out, res = r.outcome(events, pubErr, timedOut)
+			out, res, rep = r.outcome(events, pubErr, timedOut)
 		}
 	}
 	if cut {
@@ -388,6 +469,7 @@ func (r *Relay) processBatch(ctx context.Context, worker int) (BatchResult, erro
 		// so the batch is published again. The inbox absorbs the duplicates.
 		return BatchResult{Claimed: len(events)}, fmt.Errorf("txoutbox: record outcome of %d events: %w", len(events), err)
 	}
+	r.logBatch(res, rep)
 	r.published.Add(int64(res.Published))
 	r.failed.Add(int64(res.Failed))
 	r.dead.Add(int64(res.DeadLettered))
@@ -444,7 +526,79 @@ func publishTimedOut(pctx context.Context) bool {
 	return errors.Is(context.Cause(pctx), ErrPublishTimeout)
 }
 
-func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, BatchResult) {
+// batchReport gathers what the relay logs about one batch's failures, so
+// that a batch writes one line, not one per event.
+type batchReport struct {
+	failed, dead, permanent int
+	first                   *Event
+	firstErr                string
+	firstRetry              time.Duration
+	deadIDs                 []string
+}
+
+func (b *batchReport) add(ev *Event, f Failure, permanent bool) {
+	b.failed++
+	if permanent {
+		b.permanent++
+	}
+	if f.Dead {
+		b.dead++
+		if len(b.deadIDs) < 10 {
+			b.deadIDs = append(b.deadIDs, ev.ID)
+		}
+	}
+	if b.first == nil {
+		b.first, b.firstErr, b.firstRetry = ev, f.Err, f.RetryIn
+	}
+}
+
+func (b *batchReport) merge(o batchReport) {
+	if b.first == nil {
+		b.first, b.firstErr, b.firstRetry = o.first, o.firstErr, o.firstRetry
+	}
+	b.failed += o.failed
+	b.dead += o.dead
+	b.permanent += o.permanent
+	b.deadIDs = append(b.deadIDs, o.deadIDs[:min(len(o.deadIDs), max(10-len(b.deadIDs), 0))]...)
+}
+
+// log writes the batch's failures as at most two lines, and the broker's
+// state changes: a batch that published nothing and failed for reasons that
+// pass marks the broker down; one that published something marks it back.
+func (r *Relay) logBatch(res BatchResult, b batchReport) {
+	switch {
+	case res.Published > 0:
+		if r.brokerDown.CompareAndSwap(true, false) {
+			r.log.Info("txoutbox: the broker takes events again")
+		}
+	case b.failed > b.permanent:
+		if r.brokerDown.CompareAndSwap(false, true) {
+			r.log.Warn("txoutbox: the broker took no event of the batch; retrying with backoff (logged once until it takes events again)",
+				"events", res.Claimed, "first_error", b.firstErr)
+		}
+	}
+	if b.first == nil {
+		return
+	}
+	attrs := []any{"failed", b.failed, "claimed", res.Claimed,
+		"first_event_id", b.first.ID, "first_event_type", b.first.EventType, "first_error", b.firstErr}
+	if b.failed > b.dead {
+		if r.brokerDown.Load() && res.Published == 0 {
+			r.log.Debug("txoutbox: publish failed; will retry", append(attrs, "retry_in", b.firstRetry)...)
+		} else {
+			r.log.Warn("txoutbox: publish failed; will retry", append(attrs, "retry_in", b.firstRetry)...)
+		}
+	}
+	if b.dead > 0 {
+		r.log.Error("txoutbox: events dead-lettered (kept; re-queue with txoutbox dead retry)",
+			"dead_lettered", b.dead, "permanent", b.permanent, "event_ids", b.deadIDs, "first_error", b.firstErr)
+	}
+}
+
+// outcome turns the publisher's error into the outcome of events: an error
+// marked Permanent dead-letters its event at once; any other is retried
+// after its backoff until the attempts run out.
+func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, BatchResult, batchReport) {
 	errs := EventErrors(pubErr, len(events))
 	if timedOut {
 		for i, err := range errs {
@@ -454,6 +608,7 @@ func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, B
 		}
 	}
 	res := BatchResult{Claimed: len(events)}
+	var rep batchReport
 	out := Outcome{Published: make([]int64, 0, len(events))}
 	for i := range events {
 		ev := &events[i]
@@ -462,24 +617,24 @@ func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, B
 			continue
 		}
 		attempts := ev.AttemptCount + 1
+		permanent := IsPermanent(errs[i])
 		f := Failure{
 			Seq:     ev.Seq,
 			Err:     truncateError(errs[i], r.opts.MaxErrorLength),
 			RetryIn: r.opts.Retry.Backoff(attempts),
-			Dead:    r.opts.Retry.Exhausted(attempts),
+			Dead:    permanent || r.opts.Retry.Exhausted(attempts),
 		}
 		out.Failed = append(out.Failed, f)
 		res.Failed++
-		attrs := []any{"event_id", ev.ID, "seq", ev.Seq, "event_type", ev.EventType, "aggregate_id", ev.AggregateID, "attempt", attempts, "error", f.Err}
 		if f.Dead {
 			res.DeadLettered++
-			r.log.Error("txoutbox: event dead-lettered after its last attempt", attrs...)
-		} else {
-			r.log.Warn("txoutbox: publish failed; will retry", append(attrs, "retry_in", f.RetryIn)...)
 		}
+		rep.add(ev, f, permanent)
+		r.log.Debug("txoutbox: publish failed", "event_id", ev.ID, "seq", ev.Seq, "event_type", ev.EventType,
+			"aggregate_id", ev.AggregateID, "attempt", attempts, "dead", f.Dead, "permanent", permanent, "error", f.Err)
 	}
 	res.Published = len(out.Published)
-	return out, res
+	return out, res, rep
 }
 
 // Drain processes batches until a claim comes back empty or ctx ends, and

@@ -1,4 +1,4 @@
-package core
+package core_test
 
 import (
 	"context"
@@ -11,14 +11,16 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox/core"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func testEvents(n int, eventType string) []Event {
-	evs := make([]Event, n)
+func testEvents(n int, eventType string) []core.Event {
+	evs := make([]core.Event, n)
 	for i := range evs {
-		evs[i] = Event{AggregateID: fmt.Sprint(i % 3), EventType: eventType, Payload: []byte(`{}`)}
+		evs[i] = core.Event{AggregateID: fmt.Sprint(i % 3), EventType: eventType, Payload: []byte(`{}`)}
 	}
 	return evs
 }
@@ -26,16 +28,16 @@ func testEvents(n int, eventType string) []Event {
 type recordingPub struct {
 	mu   sync.Mutex
 	seen map[string]int
-	fail func(ev Event) error
+	fail func(ev core.Event) error
 }
 
-func (p *recordingPub) Publish(ctx context.Context, evs []Event) error {
+func (p *recordingPub) Publish(ctx context.Context, evs []core.Event) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.seen == nil {
 		p.seen = map[string]int{}
 	}
-	be := NewBatchError(len(evs))
+	be := core.NewBatchError(len(evs))
 	for i, ev := range evs {
 		if p.fail != nil {
 			if err := p.fail(ev); err != nil {
@@ -48,6 +50,8 @@ func (p *recordingPub) Publish(ctx context.Context, evs []Event) error {
 	return be.ErrOrNil()
 }
 
+func (*recordingPub) Capabilities() core.PublisherCapabilities { return core.PublisherCapabilities{} }
+
 func (p *recordingPub) count() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -56,13 +60,13 @@ func (p *recordingPub) count() int {
 
 func TestNewRelayRejectsBadOptions(t *testing.T) {
 	t.Parallel()
-	if _, err := NewRelay(nil, &recordingPub{}, RelayOptions{}); !errors.Is(err, ErrInvalidOptions) {
+	if _, err := core.NewRelay(nil, &recordingPub{}, core.RelayOptions{}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("nil store: %v", err)
 	}
-	if _, err := NewRelay(newMemStore(), &recordingPub{}, RelayOptions{BatchSize: -1}); !errors.Is(err, ErrInvalidOptions) {
+	if _, err := core.NewRelay(newMemStore(), &recordingPub{}, core.RelayOptions{BatchSize: -1}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("negative batch size: %v", err)
 	}
-	r, err := NewRelay(newMemStore(), &recordingPub{}, RelayOptions{})
+	r, err := core.NewRelay(newMemStore(), &recordingPub{}, core.RelayOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,13 +76,15 @@ func TestNewRelayRejectsBadOptions(t *testing.T) {
 	}
 }
 
-type limitedStore struct{ *memStore }
+type limitedStore struct{ *testStore }
 
-func (limitedStore) MaxConcurrency() int { return 1 }
+func (limitedStore) Capabilities() core.StoreCapabilities {
+	return core.StoreCapabilities{MaxConcurrency: 1}
+}
 
 func TestRelayCapsConcurrencyToStore(t *testing.T) {
 	t.Parallel()
-	r, err := NewRelay(limitedStore{newMemStore()}, &recordingPub{}, RelayOptions{Concurrency: 8, Logger: quiet})
+	r, err := core.NewRelay(limitedStore{newMemStore()}, &recordingPub{}, core.RelayOptions{Concurrency: 8, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,18 +97,18 @@ func TestProcessBatchRecordsEachOutcome(t *testing.T) {
 	t.Parallel()
 	s := newMemStore()
 	s.add(testEvents(5, "t")...)
-	pub := &recordingPub{fail: func(ev Event) error {
+	pub := &recordingPub{fail: func(ev core.Event) error {
 		if ev.Seq == 3 {
 			return errors.New("nope")
 		}
 		return nil
 	}}
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, Retry: RetryPolicy{InitialBackoff: time.Hour, Jitter: -1}})
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, Retry: core.RetryPolicy{InitialBackoff: time.Hour, Jitter: -1}})
 	res, err := r.ProcessBatch(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res != (BatchResult{Claimed: 5, Published: 4, Failed: 1}) {
+	if res != (core.BatchResult{Claimed: 5, Published: 4, Failed: 1}) {
 		t.Errorf("result %+v", res)
 	}
 	f := s.get(3)
@@ -118,8 +124,8 @@ func TestWholeBatchErrorFailsEveryEvent(t *testing.T) {
 	t.Parallel()
 	s := newMemStore()
 	s.add(testEvents(3, "t")...)
-	pub := PublisherFunc(func(context.Context, []Event) error { return errors.New("broker down") })
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet})
+	pub := core.PublisherFunc(func(context.Context, []core.Event) error { return errors.New("broker down") })
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet})
 	res, err := r.ProcessBatch(t.Context())
 	if err != nil || res.Failed != 3 {
 		t.Fatalf("%+v %v", res, err)
@@ -130,8 +136,8 @@ func TestPanickingPublisherFailsBatchNotRelay(t *testing.T) {
 	t.Parallel()
 	s := newMemStore()
 	s.add(testEvents(2, "t")...)
-	pub := PublisherFunc(func(context.Context, []Event) error { panic("boom") })
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet})
+	pub := core.PublisherFunc(func(context.Context, []core.Event) error { panic("boom") })
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet})
 	res, err := r.ProcessBatch(t.Context())
 	if err != nil || res.Failed != 2 {
 		t.Fatalf("%+v %v", res, err)
@@ -145,8 +151,8 @@ func TestDeadLetterAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
 	s := newMemStore()
 	s.add(testEvents(1, "t")...)
-	pub := PublisherFunc(func(context.Context, []Event) error { return errors.New("poison") })
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, Retry: RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Nanosecond, Jitter: -1}})
+	pub := core.PublisherFunc(func(context.Context, []core.Event) error { return errors.New("poison") })
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, Retry: core.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Nanosecond, Jitter: -1}})
 	for range 5 {
 		time.Sleep(time.Millisecond)
 		if _, err := r.ProcessBatch(t.Context()); err != nil {
@@ -167,7 +173,7 @@ func TestRunDrainsAndStopsOnCancel(t *testing.T) {
 	s := newMemStore()
 	s.add(testEvents(1000, "t")...)
 	pub := &recordingPub{}
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, Concurrency: 4, BatchSize: 10, PollInterval: time.Hour})
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, Concurrency: 4, BatchSize: 10, PollInterval: time.Hour})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error)
 	go func() { done <- r.Run(ctx) }()
@@ -198,7 +204,7 @@ func TestNotifyWakesIdleRelay(t *testing.T) {
 	t.Parallel()
 	s := newMemStore()
 	pub := &recordingPub{}
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, PollInterval: time.Hour})
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, PollInterval: time.Hour})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go func() { _ = r.Run(ctx) }()
@@ -224,7 +230,7 @@ func TestWakeGraceOutlivesPartialClaim(t *testing.T) {
 	t.Parallel()
 	s := newMemStore()
 	pub := &recordingPub{}
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, PollInterval: time.Hour})
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, PollInterval: time.Hour})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go func() { _ = r.Run(ctx) }()
@@ -237,25 +243,25 @@ func TestWakeGraceOutlivesPartialClaim(t *testing.T) {
 	waitFor(t, func() bool { return pub.count() == 2 }, "the event committed after the claim (poll interval 1h)")
 }
 
-// countingStore counts the claims of a memStore.
+// countingStore counts the claims of a testStore.
 type countingStore struct {
-	*memStore
+	*testStore
 	claims atomic.Int64
 }
 
-func (s *countingStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error) {
+func (s *countingStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
 	s.claims.Add(1)
-	return s.memStore.Claim(ctx, req)
+	return s.testStore.Claim(ctx, req)
 }
 
 // Notifies faster than the cooldown coalesce: a worker claims at most once
 // per Cooldown, and still publishes everything.
 func TestCooldownBoundsClaimRate(t *testing.T) {
 	t.Parallel()
-	s := &countingStore{memStore: newMemStore()}
+	s := &countingStore{testStore: newMemStore()}
 	pub := &recordingPub{}
 	const cooldown = 25 * time.Millisecond
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, PollInterval: time.Hour, Cooldown: cooldown})
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, PollInterval: time.Hour, Cooldown: cooldown})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go func() { _ = r.Run(ctx) }()
@@ -273,7 +279,7 @@ func TestCooldownBoundsClaimRate(t *testing.T) {
 	claims := s.claims.Load() - before
 	// One claim per cooldown while notified, plus the wake grace's few
 	// looks after the last event.
-	if most := int64(elapsed/cooldown) + 2 + int64(len(wakeGrace)); claims > most {
+	if most := int64(elapsed/cooldown) + 2 + int64(len(core.WakeGrace)); claims > most {
 		t.Errorf("%d claims in %s with a %s cooldown, want at most %d", claims, elapsed, cooldown, most)
 	}
 	if claims >= n/2 {
@@ -287,7 +293,7 @@ func TestShutdownLetsBatchInFlightFinish(t *testing.T) {
 	s.add(testEvents(3, "t")...)
 	started := make(chan struct{})
 	var published atomic.Int32
-	pub := PublisherFunc(func(ctx context.Context, evs []Event) error {
+	pub := core.PublisherFunc(func(ctx context.Context, evs []core.Event) error {
 		close(started)
 		time.Sleep(100 * time.Millisecond)
 		if ctx.Err() != nil {
@@ -296,7 +302,7 @@ func TestShutdownLetsBatchInFlightFinish(t *testing.T) {
 		published.Add(int32(len(evs)))
 		return nil
 	})
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, ShutdownTimeout: 5 * time.Second})
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, ShutdownTimeout: 5 * time.Second})
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() { <-started; cancel() }()
 	res, err := r.ProcessBatch(ctx)
@@ -313,12 +319,12 @@ func TestShutdownTimeoutReleasesBatchUnmarked(t *testing.T) {
 	s := newMemStore()
 	s.add(testEvents(2, "t")...)
 	started := make(chan struct{})
-	pub := PublisherFunc(func(ctx context.Context, evs []Event) error {
+	pub := core.PublisherFunc(func(ctx context.Context, evs []core.Event) error {
 		close(started)
 		<-ctx.Done()
 		return ctx.Err()
 	})
-	r, _ := NewRelay(s, pub, RelayOptions{Logger: quiet, ShutdownTimeout: 50 * time.Millisecond})
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, ShutdownTimeout: 50 * time.Millisecond})
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() { <-started; cancel() }()
 	if _, err := r.ProcessBatch(ctx); err != nil {

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -33,6 +34,24 @@ var DefaultRetryPolicy = RetryPolicy{
 	MaxBackoff:     10 * time.Minute,
 	Multiplier:     2,
 	Jitter:         0.2,
+}
+
+// validate refuses values that have no meaning: negative counts or waits,
+// a Multiplier below 1, a Jitter above 1.
+func (p RetryPolicy) validate() error {
+	switch {
+	case p.MaxAttempts < 0:
+		return fmt.Errorf("%w: RetryPolicy.MaxAttempts %d is negative", ErrInvalidOptions, p.MaxAttempts)
+	case p.InitialBackoff < 0:
+		return fmt.Errorf("%w: RetryPolicy.InitialBackoff %s is negative", ErrInvalidOptions, p.InitialBackoff)
+	case p.MaxBackoff < 0:
+		return fmt.Errorf("%w: RetryPolicy.MaxBackoff %s is negative", ErrInvalidOptions, p.MaxBackoff)
+	case p.Multiplier != 0 && p.Multiplier < 1:
+		return fmt.Errorf("%w: RetryPolicy.Multiplier %g is below 1", ErrInvalidOptions, p.Multiplier)
+	case p.Jitter > 1:
+		return fmt.Errorf("%w: RetryPolicy.Jitter %g is above 1", ErrInvalidOptions, p.Jitter)
+	}
+	return nil
 }
 
 func (p RetryPolicy) withDefaults() RetryPolicy {

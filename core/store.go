@@ -2,22 +2,9 @@ package core
 
 import (
 	"context"
-	"errors"
+	"log/slog"
 	"time"
 )
-
-// ErrClaimDone is returned by a Claim's Commit or Release once the claim has
-// already been committed or released.
-var ErrClaimDone = errors.New("txoutbox: claim already committed or released")
-
-// ErrInvalidOutcome is returned (wrapped) by a Claim's Commit for an outcome
-// that names an event the claim does not hold, or one event twice. The
-// claim is released.
-var ErrInvalidOutcome = errors.New("txoutbox: invalid outcome")
-
-// ErrEventNotFound is returned (wrapped) by stores asked for an event they do
-// not hold.
-var ErrEventNotFound = errors.New("txoutbox: event not found")
 
 // Store is what the relay needs from the database that holds the outbox.
 //
@@ -27,8 +14,56 @@ var ErrEventNotFound = errors.New("txoutbox: event not found")
 // is open. The events of a claim stay invisible to other claims until Commit
 // or Release. A claim abandoned by a crashed relay (its connection gone) must
 // become claimable again.
+//
+// Stats and DeletePublished serve the lag monitor and retention (Monitor,
+// Cleanup); Capabilities says, as data, what else the store can do, so that
+// decorators such as package metrics forward all of it by forwarding one
+// value. The conformance suite (package outboxtest) proves a Store, and
+// adapters/memory is the reference implementation.
 type Store interface {
+	// Claim hands out a batch of due events (see ClaimRequest).
 	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
+	// Stats reports the outbox's health. A store that cannot returns an
+	// error wrapping ErrUnsupported.
+	Stats(ctx context.Context) (Stats, error)
+	// DeletePublished deletes at most limit events published before the
+	// given time and returns how many it deleted. Pending and dead events
+	// are never deleted. A store that cannot returns an error wrapping
+	// ErrUnsupported.
+	DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error)
+	// Capabilities reports what the store can do. It is constant for the
+	// life of the store.
+	Capabilities() StoreCapabilities
+}
+
+// StoreCapabilities is what a Store can do beyond the unordered claim, as
+// data: decorators forward the value whole, and the relay decides from it.
+type StoreCapabilities struct {
+	// OrderedClaims: Claim honours ClaimRequest.Ordered.
+	OrderedClaims bool
+	// MaxConcurrency is the most claims the store serves at once (SQLite
+	// serves one); 0 means no limit of its own. The relay caps its
+	// Concurrency to it.
+	MaxConcurrency int
+	// Wakeups, when not nil, is notified whenever events are written
+	// through the store's adapter in this process (its Enqueue, its GORM
+	// plugin). A relay running on the store subscribes to it, so that a
+	// producer's commit wakes the relay at once instead of at its next poll,
+	// with no wiring by the caller. Other processes need a cross-process
+	// signal such as package pgnotify.
+	Wakeups *Signal
+	// NewLeaser, when not nil, builds the PartitionLeaser with which
+	// relays of one outbox share the partitions of ordered mode. A relay in
+	// ordered mode without RelayOptions.Ordered.Leaser uses it.
+	NewLeaser func(LeaserConfig) (PartitionLeaser, error)
+}
+
+// LeaserConfig is what a relay passes to StoreCapabilities.NewLeaser.
+type LeaserConfig struct {
+	// PartitionCount is the number of partitions (always > 0).
+	PartitionCount int
+	// Logger receives the leaser's logs.
+	Logger *slog.Logger
 }
 
 // ClaimRequest says what a relay asks of Claim.
@@ -36,8 +71,8 @@ type ClaimRequest struct {
 	// Limit is the maximum number of events to claim; it is always > 0.
 	Limit int
 	// Ordered, when set, asks for an ordered claim (see OrderedClaim). The
-	// relay sets it only on stores that implement OrderedStore and report
-	// OrderedClaims; other stores may ignore it.
+	// relay sets it only on stores whose Capabilities report
+	// OrderedClaims.
 	Ordered *OrderedClaim
 }
 
@@ -72,13 +107,6 @@ type Failure struct {
 	Dead bool
 }
 
-// ConcurrencyLimiter is implemented by stores that cannot serve more than a
-// number of concurrent claims (SQLite serves one). The relay caps its
-// concurrency to it.
-type ConcurrencyLimiter interface {
-	MaxConcurrency() int
-}
-
 // Stats is a snapshot of the outbox's health.
 type Stats struct {
 	// Pending counts unpublished, not dead events.
@@ -102,12 +130,13 @@ type TypeStats struct {
 	Dead             int64
 }
 
-// StatsReader is implemented by stores that report Stats.
+// StatsReader is the part of a Store that Monitor reads.
 type StatsReader interface {
 	Stats(ctx context.Context) (Stats, error)
 }
 
-// Cleaner is implemented by stores that can delete published events.
+// Cleaner is the part of a Store that Cleanup drives; partitioned tables
+// (dialect.PartitionMaintainer) implement it too.
 type Cleaner interface {
 	// DeletePublished deletes at most limit events published before the
 	// given time and returns how many it deleted.

@@ -6,7 +6,7 @@ import (
 )
 
 // LeaseQueries is the SQL of partition leases for one outbox table (the
-// relay group), PostgreSQL only; the tables come from OrderedMigrations.
+// relay group), PostgreSQL only; the tables come from Migrate (ComponentOrdered).
 // Every time is the database's, so relays with skewed clocks agree.
 type LeaseQueries struct {
 	d      Dialect

@@ -43,6 +43,13 @@ type MigrateOptions struct {
 	SkipInbox bool
 	// SkipOutbox leaves the outbox table out (consumer-only databases).
 	SkipOutbox bool
+	// SkipOrdered leaves out what ordered mode needs (ComponentOrdered: two
+	// partial indexes on the outbox table, and on PostgreSQL the partition
+	// lease tables). Ordered mode is on by default with brokers that keep
+	// per-key order (Kafka, SNS FIFO), so the default migrations include
+	// it; an outbox relayed only unordered may skip it to spare producers
+	// one index entry per event.
+	SkipOrdered bool
 	// MigrationsTable records applied versions. Default
 	// DefaultMigrationsTable.
 	MigrationsTable string
@@ -54,7 +61,7 @@ type MigrateOptions struct {
 // Migration is one versioned schema change, with the table names already
 // substituted.
 type Migration struct {
-	// Component is ComponentOutbox or ComponentInbox.
+	// Component is ComponentOutbox, ComponentOrdered or ComponentInbox.
 	Component string
 	// Table is the table the migration is for, as configured.
 	Table string
@@ -92,6 +99,11 @@ func Migrations(d Dialect, opts MigrateOptions) ([]Migration, error) {
 	if !opts.SkipOutbox {
 		if err := add(ComponentOutbox, opts.Table, DefaultTable); err != nil {
 			return nil, err
+		}
+		if !opts.SkipOrdered {
+			if err := add(ComponentOrdered, opts.Table, DefaultTable); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if !opts.SkipInbox {
@@ -155,7 +167,8 @@ func (d Dialect) render(component string, id Identifier) ([]Migration, error) {
 	return ms, nil
 }
 
-// Migrate brings the outbox and inbox tables of opts up to date on db and
+// Migrate brings the outbox (with what ordered mode needs, unless
+// SkipOrdered) and inbox tables of opts up to date on db and
 // records each applied version in the migrations table. It is idempotent,
 // and safe to run from several processes at once: everything happens in one
 // transaction that first takes a lock (pg_advisory_xact_lock on PostgreSQL,
@@ -171,7 +184,7 @@ func Migrate(ctx context.Context, db *sql.DB, d Dialect, opts MigrateOptions) er
 
 // applyMigrations applies those of ms not yet recorded in the migrations
 // table, in one transaction, serialized across processes, and records them:
-// the work of Migrate and MigrateOrdered.
+// the work of Migrate and of the partitioned outbox's migration.
 func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration, opts MigrateOptions) (err error) {
 	if opts.MigrationsTable == "" {
 		opts.MigrationsTable = DefaultMigrationsTable

@@ -1,8 +1,6 @@
 package dialect
 
 import (
-	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -13,8 +11,11 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 )
 
-// ComponentOrdered is the schema component of ordered mode (see
-// OrderedMigrations), versioned on its own in the migrations table.
+// ComponentOrdered is the schema component of ordered mode: on PostgreSQL
+// two partial indexes the ordered claim needs and the lease and relay
+// tables of ordered.Leaser; on SQLite the indexes only. Migrate applies it
+// with the outbox unless MigrateOptions.SkipOrdered; it is versioned on its
+// own in the migrations table.
 const ComponentOrdered = "ordered"
 
 // Default names of the tables of ordered mode, created in the outbox table's
@@ -28,38 +29,6 @@ const (
 // ErrUnsupported is wrapped by errors of statements a dialect does not have,
 // such as partition leases on SQLite (which runs one relay).
 var ErrUnsupported = errors.New("txoutbox/dialect: not supported by this dialect")
-
-// OrderedMigrations returns the migrations of ordered mode for the outbox
-// table opts.Table: on PostgreSQL two partial indexes the ordered claim
-// needs, and the lease and relay tables of ordered.Leaser; on SQLite the
-// indexes only. Unordered relays do not need them, and a producer pays one
-// more index entry per event for them, so they are a component of their own.
-func OrderedMigrations(d Dialect, opts MigrateOptions) ([]Migration, error) {
-	if err := d.check(); err != nil {
-		return nil, err
-	}
-	table := opts.Table
-	if table == "" {
-		table = DefaultTable
-	}
-	id, err := ValidateIdentifier(table)
-	if err != nil {
-		return nil, err
-	}
-	return d.render(ComponentOrdered, id)
-}
-
-// MigrateOrdered applies OrderedMigrations on db, after the outbox table
-// exists (run Migrate first), with the same guarantees as Migrate: one
-// transaction, serialized across processes, recorded in the migrations
-// table, idempotent.
-func MigrateOrdered(ctx context.Context, db *sql.DB, d Dialect, opts MigrateOptions) error {
-	ms, err := OrderedMigrations(d, opts)
-	if err != nil {
-		return err
-	}
-	return d.applyMigrations(ctx, db, ms, opts)
-}
 
 // partitionExpr is the SQL of an event row's partition, with two bind
 // parameters for the partition count. PostgreSQL's hashtext is stable for a

@@ -94,20 +94,37 @@ func TestLeaseQueriesPlaceholdersMatchArgs(t *testing.T) {
 	check("List", s, a)
 }
 
+// The default migrations include ordered mode's; SkipOrdered leaves them
+// out.
 func TestOrderedMigrationsRender(t *testing.T) {
 	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.SQLite} {
-		ms, err := dialect.OrderedMigrations(d, dialect.MigrateOptions{Table: "app.events"})
+		all, err := dialect.Migrations(d, dialect.MigrateOptions{Table: "app.events", SkipInbox: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(ms) == 0 || ms[0].Component != dialect.ComponentOrdered || ms[0].Table != "app.events" || ms[0].Version != 1 {
-			t.Fatalf("%s: migrations %+v", d, ms)
+		var ms []dialect.Migration
+		for _, m := range all {
+			if m.Component == dialect.ComponentOrdered {
+				ms = append(ms, m)
+			}
+		}
+		if len(ms) == 0 || ms[0].Table != "app.events" || ms[0].Version != 1 {
+			t.Fatalf("%s: ordered migrations %+v among %d", d, ms, len(all))
 		}
 		if strings.Contains(ms[0].SQL, "{{") || !strings.Contains(ms[0].SQL, "events_ordered_due") {
 			t.Errorf("%s: rendered SQL %s", d, ms[0].SQL)
 		}
+		skipped, err := dialect.Migrations(d, dialect.MigrateOptions{Table: "app.events", SkipInbox: true, SkipOrdered: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range skipped {
+			if m.Component == dialect.ComponentOrdered {
+				t.Errorf("%s: SkipOrdered still renders %s v%d", d, m.Component, m.Version)
+			}
+		}
 	}
-	if _, err := dialect.OrderedMigrations(dialect.Postgres, dialect.MigrateOptions{Table: "bad;name"}); !errors.Is(err, dialect.ErrInvalidIdentifier) {
+	if _, err := dialect.Migrations(dialect.Postgres, dialect.MigrateOptions{Table: "bad;name"}); !errors.Is(err, dialect.ErrInvalidIdentifier) {
 		t.Errorf("bad table name: %v, want ErrInvalidIdentifier", err)
 	}
 }

@@ -53,6 +53,9 @@ type PartitionOptions struct {
 	// MigrationsTable records applied versions. Default
 	// DefaultMigrationsTable.
 	MigrationsTable string
+	// SkipOrdered leaves out what ordered mode needs, as
+	// MigrateOptions.SkipOrdered.
+	SkipOrdered bool
 	// LockTimeout bounds how long a partition drop waits for its locks
 	// (an open claim on a partition holds one); the drop is tried again on
 	// the next pass. Default 5s.
@@ -99,7 +102,15 @@ func PartitionedMigrations(d Dialect, opts PartitionOptions) ([]Migration, error
 	if err != nil {
 		return nil, err
 	}
-	return d.render(ComponentOutboxPartitioned, id)
+	ms, err := d.render(ComponentOutboxPartitioned, id)
+	if err != nil || opts.SkipOrdered {
+		return ms, err
+	}
+	ord, err := d.render(ComponentOrdered, id)
+	if err != nil {
+		return nil, err
+	}
+	return append(ms, ord...), nil
 }
 
 // MigratePartitioned creates (or brings up to date) a partitioned outbox
@@ -116,65 +127,11 @@ func MigratePartitioned(ctx context.Context, db *sql.DB, d Dialect, opts Partiti
 	if err != nil {
 		return err
 	}
-	mid, err := ValidateIdentifier(o.MigrationsTable)
-	if err != nil {
-		return err
-	}
-	if err := applyPartitioned(ctx, db, d, mid, ms, o.Logger); err != nil {
+	if err := d.applyMigrations(ctx, db, ms, MigrateOptions{MigrationsTable: o.MigrationsTable, Logger: o.Logger}); err != nil {
 		return err
 	}
 	_, err = EnsurePartitions(ctx, db, d, opts, time.Now())
 	return err
-}
-
-// applyPartitioned applies ms in one transaction under the migration lock,
-// as Migrate does for the other components.
-func applyPartitioned(ctx context.Context, db *sql.DB, d Dialect, mid Identifier, ms []Migration, log *slog.Logger) (err error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: begin: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
-		}
-	}()
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", pgMigrateLockKey); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: lock: %w", err)
-	}
-	mt := d.qualified(mid)
-	if _, err := tx.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+mt+" ("+
-		"component TEXT NOT NULL, table_name TEXT NOT NULL, version INTEGER NOT NULL, name TEXT NOT NULL, "+
-		"applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (component, table_name, version))"); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: create %s: %w", mid, err)
-	}
-	var done []Migration
-	for _, m := range ms {
-		var applied bool
-		if err := tx.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM "+mt+" WHERE component = $1 AND table_name = $2 AND version = $3)",
-			m.Component, m.Table, m.Version).Scan(&applied); err != nil {
-			return fmt.Errorf("txoutbox/dialect: migrate: read %s: %w", mid, err)
-		}
-		if applied {
-			continue
-		}
-		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
-			return fmt.Errorf("txoutbox/dialect: migration %s %04d_%s on %s: %w", m.Component, m.Version, m.Name, m.Table, err)
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+mt+" (component, table_name, version, name) VALUES ($1, $2, $3, $4)",
-			m.Component, m.Table, m.Version, m.Name); err != nil {
-			return fmt.Errorf("txoutbox/dialect: record migration %s %d: %w", m.Component, m.Version, err)
-		}
-		done = append(done, m)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: commit: %w", err)
-	}
-	for _, m := range done {
-		log.Info("txoutbox: applied migration", "dialect", d.Name(), "component", m.Component,
-			"table", m.Table, "version", m.Version, "name", m.Name)
-	}
-	return nil
 }
 
 // partitionName is the unquoted name of the partition of day (UTC).

@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
-	"github.com/txoutbox/txoutbox/core"
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -44,7 +44,7 @@ func TestExactlyOnceGoChannel(t *testing.T) {
 func goChannelBroker(t *testing.T) *outboxtest.BrokerFixture {
 	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { ps.Close() })
-	return &outboxtest.BrokerFixture{Publisher: core.NewWatermillPublisher(ps, nil), Subscriber: ps}
+	return &outboxtest.BrokerFixture{Publisher: watermillbroker.NewPublisher(ps, watermillbroker.Options{}), Subscriber: ps}
 }
 
 // TestExactlyOnceSQLite is the embedded setup: producer and consumer each

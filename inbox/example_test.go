@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
@@ -78,7 +79,7 @@ func ExampleNewMiddleware() {
 	ev.ID = "0193a5f0-0000-7000-8000-000000000001"
 	for range 3 {
 		// Publish returns once the handler acked the delivery.
-		if err := pubSub.Publish("order.created", core.NewMessage(ctx, &ev)); err != nil {
+		if err := pubSub.Publish("order.created", watermillbroker.NewMessage(ctx, &ev)); err != nil {
 			panic(err)
 		}
 	}

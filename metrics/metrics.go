@@ -32,7 +32,7 @@ import (
 // ErrRegister is wrapped by New when the metrics cannot be registered, most
 // often because another Metrics with the same namespace and constant labels
 // is already registered with the same registry.
-var ErrRegister = errors.New("txoutbox/metrics: register metrics")
+var ErrRegister = errors.New("metrics: register metrics")
 
 // Options configures a Metrics. Zero fields take their defaults.
 type Options struct {
@@ -259,25 +259,39 @@ func result(err error) string {
 // counters by event type come from the Store decorator, which sees what the
 // relay records, not from here: a publish whose outcome is never recorded
 // (shutdown cut it off, or the mark failed) is published again.
-func (m *Metrics) Publisher(p core.Publisher) core.Publisher {
-	return core.DecoratePublisher(p, core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
-		start := time.Now()
-		err := p.Publish(ctx, events)
-		m.publishDuration.WithLabelValues(result(err)).Observe(time.Since(start).Seconds())
-		return err
-	}))
+func (m *Metrics) Publisher(p core.Publisher) core.Publisher { return &publisher{inner: p, m: m} }
+
+type publisher struct {
+	inner core.Publisher
+	m     *Metrics
 }
 
-// Store returns s decorated with the claim and mark histograms and the event
-// counters. The result implements the optional interfaces of s that the relay
-// asserts (core.ConcurrencyLimiter, core.OrderedStore).
-func (m *Metrics) Store(s core.Store) core.Store {
-	return core.DecorateStore(s, &store{inner: s, m: m})
+func (p *publisher) Publish(ctx context.Context, events []core.Event) error {
+	start := time.Now()
+	err := p.inner.Publish(ctx, events)
+	p.m.publishDuration.WithLabelValues(result(err)).Observe(time.Since(start).Seconds())
+	return err
 }
+
+// Capabilities forwards the decorated publisher's: metrics change none.
+func (p *publisher) Capabilities() core.PublisherCapabilities { return p.inner.Capabilities() }
+
+// Store returns s decorated with the claim and mark histograms and the event
+// counters. Stats, DeletePublished and Capabilities pass through: the
+// decorated store can do all that s can.
+func (m *Metrics) Store(s core.Store) core.Store { return &store{inner: s, m: m} }
 
 type store struct {
 	inner core.Store
 	m     *Metrics
+}
+
+func (s *store) Capabilities() core.StoreCapabilities { return s.inner.Capabilities() }
+
+func (s *store) Stats(ctx context.Context) (core.Stats, error) { return s.inner.Stats(ctx) }
+
+func (s *store) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {
+	return s.inner.DeletePublished(ctx, before, limit)
 }
 
 func (s *store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {

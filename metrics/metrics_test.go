@@ -3,7 +3,6 @@ package metrics_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -13,105 +12,70 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	memoutbox "github.com/txoutbox/txoutbox/adapters/memory"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/metrics"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
-// memStore is a minimal core.Store: the decorators only need claims whose
-// Commit can succeed or fail.
+// memStore is the reference in-memory store holding events, committed,
+// with their CreatedAt kept as given (for the lag histogram); commitErr,
+// when set, fails every claim's Commit.
 type memStore struct {
-	mu        sync.Mutex
-	events    []core.Event
-	held      map[int64]bool
+	*memoutbox.Store
 	commitErr error
-	limit     int // MaxConcurrency when > 0 (see limitedMemStore)
 }
 
 func newMemStore(events ...core.Event) *memStore {
-	for i := range events {
-		events[i].Seq = int64(i + 1)
-		if events[i].ID == "" {
-			events[i].ID = fmt.Sprintf("00000000-0000-7000-8000-%012d", i+1)
-		}
+	s := &memStore{Store: memoutbox.New(memoutbox.Options{})}
+	if len(events) == 0 {
+		return s
 	}
-	return &memStore{events: events, held: map[int64]bool{}}
-}
-
-func (s *memStore) Claim(_ context.Context, req core.ClaimRequest) (core.Claim, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []core.Event
-	for _, ev := range s.events {
-		if len(out) == req.Limit {
-			break
-		}
-		if ev.PublishedAt == nil && ev.DeadAt == nil && !s.held[ev.Seq] && !ev.NextAttemptAt.After(time.Now()) {
-			s.held[ev.Seq] = true
-			out = append(out, ev)
-		}
+	ctx := context.Background()
+	tx := s.Begin()
+	if err := s.Enqueue(ctx, tx, events...); err != nil {
+		panic(err)
 	}
-	return &memClaim{s: s, events: out}, nil
-}
-
-type memClaim struct {
-	s      *memStore
-	events []core.Event
-	done   bool
-}
-
-func (c *memClaim) Events() []core.Event { return c.events }
-
-func (c *memClaim) Commit(_ context.Context, out core.Outcome) error {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	if c.done {
-		return core.ErrClaimDone
+	if err := tx.Commit(); err != nil {
+		panic(err)
 	}
-	c.done = true
-	for _, ev := range c.events {
-		delete(c.s.held, ev.Seq)
-	}
-	if c.s.commitErr != nil {
-		return c.s.commitErr
-	}
-	now := time.Now()
-	for i := range c.s.events {
-		ev := &c.s.events[i]
-		for _, seq := range out.Published {
-			if seq == ev.Seq {
-				ev.PublishedAt = &now
-			}
-		}
-		for _, f := range out.Failed {
-			if f.Seq == ev.Seq {
-				ev.AttemptCount++
-				ev.LastError = f.Err
-				ev.NextAttemptAt = now.Add(f.RetryIn)
-				if f.Dead {
-					ev.DeadAt = &now
-				}
+	for _, ev := range events {
+		if !ev.CreatedAt.IsZero() {
+			if err := s.Backdate(ctx, ev.ID, time.Since(ev.CreatedAt)); err != nil {
+				panic(err)
 			}
 		}
 	}
-	return nil
+	return s
 }
 
-func (c *memClaim) Release(context.Context) error {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	if c.done {
-		return core.ErrClaimDone
+func (s *memStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+	c, err := s.Store.Claim(ctx, req)
+	if err != nil || s.commitErr == nil {
+		return c, err
 	}
-	c.done = true
-	for _, ev := range c.events {
-		delete(c.s.held, ev.Seq)
+	return failingCommit{c, s.commitErr}, nil
+}
+
+// failingCommit releases the claim and reports err, as a store whose
+// connection dropped at the mark does.
+type failingCommit struct {
+	core.Claim
+	err error
+}
+
+func (c failingCommit) Commit(ctx context.Context, _ core.Outcome) error {
+	if err := c.Claim.Release(ctx); err != nil {
+		return err
 	}
-	return nil
+	return c.err
 }
 
 type limitedMemStore struct{ *memStore }
 
-func (s limitedMemStore) MaxConcurrency() int { return 1 }
+func (limitedMemStore) Capabilities() core.StoreCapabilities {
+	return core.StoreCapabilities{MaxConcurrency: 1}
+}
 
 // quiet keeps the relay's expected warnings out of the test output.
 var quiet = slog.New(slog.DiscardHandler)
@@ -306,13 +270,9 @@ func TestStoreKeepsConcurrencyLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := m.Store(newMemStore()).(core.ConcurrencyLimiter); ok {
-		t.Fatal("a store without a limit gained one")
-	}
 	wrapped := m.Store(limitedMemStore{newMemStore()})
-	l, ok := wrapped.(core.ConcurrencyLimiter)
-	if !ok || l.MaxConcurrency() != 1 {
-		t.Fatalf("limit lost by the decorator: %T", wrapped)
+	if got := wrapped.Capabilities().MaxConcurrency; got != 1 {
+		t.Fatalf("limit lost by the decorator: MaxConcurrency %d", got)
 	}
 	relay, err := core.NewRelay(wrapped, failTypes(), core.RelayOptions{Concurrency: 4, Logger: quiet})
 	if err != nil {
@@ -439,49 +399,15 @@ func TestRegistryIsInjectedNotGlobal(t *testing.T) {
 	}
 }
 
-type orderedMemStore struct{ *memStore }
-
-func (orderedMemStore) OrderedClaims() bool { return true }
-
-type orderedLimitedStore struct{ *memStore }
-
-func (orderedLimitedStore) OrderedClaims() bool { return true }
-func (orderedLimitedStore) MaxConcurrency() int { return 2 }
-
-type orderingPublisher struct{ core.Publisher }
-
-func (orderingPublisher) PreservesAggregateOrder() bool { return true }
-
-// The relay finds ordered mode and its concurrency cap by type assertion; a
-// decorator must not hide them.
-func TestDecoratorsKeepOptionalInterfaces(t *testing.T) {
+// The relay decides from the capabilities of what it is given; a decorator
+// must forward all of them, and Stats and DeletePublished too.
+func TestDecoratorsKeepCapabilities(t *testing.T) {
 	m, err := metrics.New(metrics.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name             string
-		store            core.Store
-		limited, ordered bool
-	}{
-		{"plain", newMemStore(), false, false},
-		{"limited", limitedMemStore{newMemStore()}, true, false},
-		{"ordered", orderedMemStore{newMemStore()}, false, true},
-		{"both", orderedLimitedStore{newMemStore()}, true, true},
-	} {
-		s := m.Store(tc.store)
-		_, isL := s.(core.ConcurrencyLimiter)
-		os, isO := s.(core.OrderedStore)
-		if isL != tc.limited || isO != tc.ordered || (isO && !os.OrderedClaims()) {
-			t.Errorf("%s: limiter %v ordered %v, want %v %v", tc.name, isL, isO, tc.limited, tc.ordered)
-		}
-	}
-	if _, ok := m.Publisher(failTypes()).(core.OrderingPublisher); ok {
-		t.Error("a plain publisher gained PreservesAggregateOrder")
-	}
-	if op, ok := m.Publisher(orderingPublisher{failTypes()}).(core.OrderingPublisher); !ok || !op.PreservesAggregateOrder() {
-		t.Error("PreservesAggregateOrder lost by the decorator")
-	}
+	outboxtest.RequireStoreDecorator(t, m.Store)
+	outboxtest.RequirePublisherDecorator(t, m.Publisher)
 }
 
 func TestReleasedEventsCounted(t *testing.T) {

@@ -1,34 +1,32 @@
-// Package ordered runs txoutbox's ordered mode on database/sql: events of
-// one aggregate reach the broker in the order they were enqueued, even with
-// several relays, retries and backoff (docs/ordering.md states the guarantee
-// and its limits).
+// Package ordered is the partition leaser of txoutbox's ordered mode on
+// PostgreSQL: events of one aggregate reach the broker in the order they
+// were enqueued, even with several relays, retries and backoff
+// (docs/ordering.md states the guarantee and its limits).
 //
 // Aggregates are hashed into a fixed number of partitions. A Leaser shares
-// the partitions among the relays of one outbox table through lease rows in
-// PostgreSQL: each relay heartbeats, takes its fair share (ceil(partitions /
-// live relays)) of free or expired leases, renews them while alive and
-// releases the excess when relays join, so that leases rebalance; a relay
-// that dies loses its leases when they expire, and the others take them
-// over. A Store claims for a relay only from its partitions, each claim
-// holding a transaction-level advisory lock per partition, so that even
-// while a lease changes hands no two claims serve one partition; and an
-// event is claimed only when no earlier event of its aggregate is in
-// backoff (or dead, under core.DeadLetterBlock). The relay (core.Relay with
-// Ordering: core.OrderingOn) publishes a batch in rounds so that an event
-// never goes out before its predecessor in the batch was accepted.
+// the partitions among the relays of one outbox table through lease rows:
+// each relay heartbeats, takes its fair share (ceil(partitions / live
+// relays)) of free or expired leases, renews them while alive and releases
+// the excess when relays join, so that leases rebalance; a relay that dies
+// loses its leases when they expire, and the others take them over. The
+// store (sqlxoutbox.Outbox, the GORM store) claims for a relay only from its
+// partitions, each claim holding a transaction-level advisory lock per
+// partition, so that even while a lease changes hands no two claims serve
+// one partition; and an event is claimed only when no earlier event of its
+// aggregate is in backoff (or dead, under core.DeadLetterBlock). The relay
+// publishes a batch in rounds so that an event never goes out before its
+// predecessor in the batch was accepted.
 //
-//	leaser, _ := ordered.NewLeaser(db, dialect.Postgres, ordered.LeaserOptions{LeaseTTL: 10 * time.Second})
-//	store, _ := ordered.NewStore(db, dialect.Postgres, ordered.StoreOptions{})
-//	relay, _ := core.NewRelay(store, pub, core.RelayOptions{
-//		Ordering: core.OrderingOn,
-//		Ordered:  core.OrderedOptions{Leaser: leaser},
-//	})
-//	err := relay.Run(ctx) // runs the leaser too
+// Nothing here needs wiring: the store offers a Leaser
+// (core.StoreCapabilities.NewLeaser), and a relay in ordered mode builds
+// one and runs it:
 //
-// Create the indexes and lease tables with dialect.MigrateOrdered after
-// dialect.Migrate. Producers keep writing with any adapter (adapters/sqlx,
-// adapters/gorm): ordered mode changes only how events are claimed.
+//	store, _ := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
+//	relay, _ := core.NewRelay(store, kafkaPublisher, core.RelayOptions{}) // ordered: Kafka keeps per-key order
+//	err := relay.Run(ctx)                                                   // runs the leaser too
 //
-// SQLite runs one relay: Store serves ordered claims there without
-// partitions or leases.
+// Build a Leaser yourself (NewLeaser, passed as core.OrderedOptions.Leaser)
+// to tune LeaseTTL, name the Owner or watch lease changes. The lease tables
+// come from dialect.Migrate. SQLite runs one relay, without partitions or
+// leases.
 package ordered

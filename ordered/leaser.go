@@ -102,10 +102,11 @@ type LeaserStats struct {
 // past its lease with a batch in flight): the Store's per-partition
 // advisory locks are.
 type Leaser struct {
-	db   *sql.DB
-	lq   *dialect.LeaseQueries
-	opts LeaserOptions
-	log  *slog.Logger
+	db     *sql.DB
+	leases dialect.Identifier // the lease table, for errors
+	lq     *dialect.LeaseQueries
+	opts   LeaserOptions
+	log    *slog.Logger
 
 	mu        sync.Mutex
 	held      []int
@@ -118,10 +119,10 @@ type Leaser struct {
 // Partitions live in the tables of dialect.MigrateOrdered.
 func NewLeaser(db *sql.DB, d dialect.Dialect, opts LeaserOptions) (*Leaser, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: nil *sql.DB", core.ErrInvalidOptions)
 	}
 	if opts.PartitionCount < 0 || opts.LeaseTTL < 0 || opts.RenewInterval < 0 {
-		return nil, fmt.Errorf("%w: negative PartitionCount, LeaseTTL or RenewInterval", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: negative PartitionCount, LeaseTTL or RenewInterval", core.ErrInvalidOptions)
 	}
 	if opts.PartitionCount == 0 {
 		opts.PartitionCount = core.DefaultPartitionCount
@@ -133,7 +134,7 @@ func NewLeaser(db *sql.DB, d dialect.Dialect, opts LeaserOptions) (*Leaser, erro
 		opts.RenewInterval = opts.LeaseTTL / 3
 	}
 	if opts.RenewInterval >= opts.LeaseTTL {
-		return nil, fmt.Errorf("%w: RenewInterval %v is not below LeaseTTL %v", ErrInvalidOptions, opts.RenewInterval, opts.LeaseTTL)
+		return nil, fmt.Errorf("%w: RenewInterval %v is not below LeaseTTL %v", core.ErrInvalidOptions, opts.RenewInterval, opts.LeaseTTL)
 	}
 	if opts.Owner == "" {
 		opts.Owner = defaultOwner()
@@ -149,7 +150,8 @@ func NewLeaser(db *sql.DB, d dialect.Dialect, opts LeaserOptions) (*Leaser, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Leaser{db: db, lq: lq, opts: opts, log: opts.Logger.With("owner", opts.Owner)}, nil
+	leases := dialect.Identifier{Schema: q.Table().Schema, Name: dialect.DefaultLeaseTable}
+	return &Leaser{db: db, leases: leases, lq: lq, opts: opts, log: opts.Logger.With("owner", opts.Owner)}, nil
 }
 
 func defaultOwner() string {
@@ -195,7 +197,7 @@ func (l *Leaser) Init(ctx context.Context) error {
 	if n == 0 {
 		query, args := l.lq.CreatePartitions(l.opts.PartitionCount)
 		if _, err := l.db.ExecContext(ctx, query, args...); err != nil {
-			return fmt.Errorf("txoutbox/ordered: create partitions: %w", err)
+			return fmt.Errorf("ordered: create partitions: %w", err)
 		}
 		// Another relay may have created them at the same moment.
 		if n, err = l.count(ctx); err != nil {
@@ -203,7 +205,7 @@ func (l *Leaser) Init(ctx context.Context) error {
 		}
 	}
 	if n != l.opts.PartitionCount {
-		return fmt.Errorf("txoutbox/ordered: %s has %d partitions, this relay wants %d: %w",
+		return fmt.Errorf("ordered: %s has %d partitions, this relay wants %d: %w",
 			l.lq.Group(), n, l.opts.PartitionCount, core.ErrPartitionCountMismatch)
 	}
 	return nil
@@ -213,7 +215,7 @@ func (l *Leaser) count(ctx context.Context) (int, error) {
 	query, args := l.lq.PartitionCount()
 	var n int
 	if err := l.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("txoutbox/ordered: count partitions: %w", err)
+		return 0, fmt.Errorf("ordered: count partitions: %w", err)
 	}
 	return n, nil
 }
@@ -222,24 +224,41 @@ func (l *Leaser) count(ctx context.Context) (int, error) {
 // until ctx ends; then it releases every lease and the heartbeat, so that
 // the other relays take over at once.
 func (l *Leaser) Run(ctx context.Context) error {
-	if err := l.Init(ctx); err != nil {
+	// Init fails for good on a missing lease table or another partition
+	// count; any other failure (the database down) is waited out.
+	for wait, logged := 100*time.Millisecond, false; ; wait = min(2*wait, l.opts.RenewInterval) {
+		err := l.Init(ctx)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		return err
+		if err = dialect.CheckMigrated(err, l.leases); errors.Is(err, core.ErrNotMigrated) || errors.Is(err, core.ErrPartitionCountMismatch) {
+			return err
+		}
+		if !logged {
+			l.log.Warn("ordered: cannot read the partitions yet; retrying until the database answers", "error", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
 	}
 	t := time.NewTicker(l.opts.RenewInterval)
 	defer t.Stop()
 	for {
 		if err := l.Tick(ctx); err != nil && ctx.Err() == nil {
-			l.log.Warn("txoutbox/ordered: lease renewal failed", "error", err)
+			l.log.Warn("ordered: lease renewal failed", "error", err)
 		}
 		select {
 		case <-ctx.Done():
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			if err := l.Leave(sctx); err != nil {
-				l.log.Warn("txoutbox/ordered: releasing leases at shutdown failed; they will expire", "error", err)
+				l.log.Warn("ordered: releasing leases at shutdown failed; they will expire", "error", err)
 			}
 			return nil
 		case <-t.C:
@@ -254,17 +273,17 @@ func (l *Leaser) Tick(ctx context.Context) error {
 	start := time.Now()
 	query, args := l.lq.Heartbeat(l.opts.Owner, ttl)
 	if _, err := l.db.ExecContext(ctx, query, args...); err != nil {
-		return fmt.Errorf("txoutbox/ordered: heartbeat: %w", err)
+		return fmt.Errorf("ordered: heartbeat: %w", err)
 	}
 	query, args = l.lq.LiveRelays()
 	var live int
 	if err := l.db.QueryRowContext(ctx, query, args...).Scan(&live); err != nil {
-		return fmt.Errorf("txoutbox/ordered: count live relays: %w", err)
+		return fmt.Errorf("ordered: count live relays: %w", err)
 	}
 	query, args = l.lq.Renew(l.opts.Owner, ttl)
 	held, err := l.queryPartitions(ctx, query, args)
 	if err != nil {
-		return fmt.Errorf("txoutbox/ordered: renew leases: %w", err)
+		return fmt.Errorf("ordered: renew leases: %w", err)
 	}
 	slices.Sort(held)
 	l.mu.Lock()
@@ -273,7 +292,7 @@ func (l *Leaser) Tick(ctx context.Context) error {
 	for _, p := range before {
 		if !slices.Contains(held, p) {
 			l.lost.Add(1)
-			l.log.Warn("txoutbox/ordered: lease lost to another relay", "partition", p)
+			l.log.Warn("ordered: lease lost to another relay", "partition", p)
 			l.change(LeaseChange{Kind: Lost, Partition: p})
 		}
 	}
@@ -289,10 +308,10 @@ func (l *Leaser) Tick(ctx context.Context) error {
 		// overlap safe, but there is no point in one.
 		l.setHeld(held[:share], start)
 		if _, err := l.db.ExecContext(ctx, query, args...); err != nil {
-			return fmt.Errorf("txoutbox/ordered: release %d leases: %w", len(excess), err)
+			return fmt.Errorf("ordered: release %d leases: %w", len(excess), err)
 		}
 		l.released.Add(int64(len(excess)))
-		l.log.Info("txoutbox/ordered: released leases to rebalance", "partitions", excess, "live_relays", live, "share", share)
+		l.log.Info("ordered: released leases to rebalance", "partitions", excess, "live_relays", live, "share", share)
 		for _, p := range excess {
 			l.change(LeaseChange{Kind: Released, Partition: p})
 		}
@@ -309,7 +328,7 @@ func (l *Leaser) Tick(ctx context.Context) error {
 	}
 	query, args = l.lq.PruneRelays(10 * ttl)
 	if _, err := l.db.ExecContext(ctx, query, args...); err != nil {
-		return fmt.Errorf("txoutbox/ordered: prune heartbeats: %w", err)
+		return fmt.Errorf("ordered: prune heartbeats: %w", err)
 	}
 	return nil
 }
@@ -318,7 +337,7 @@ func (l *Leaser) acquire(ctx context.Context, k int) ([]int, error) {
 	query, args := l.lq.Acquire(l.opts.Owner, l.opts.LeaseTTL, k)
 	rows, err := l.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("txoutbox/ordered: acquire leases: %w", err)
+		return nil, fmt.Errorf("ordered: acquire leases: %w", err)
 	}
 	defer rows.Close()
 	var got []int
@@ -326,20 +345,20 @@ func (l *Leaser) acquire(ctx context.Context, k int) ([]int, error) {
 	for rows.Next() {
 		var c LeaseChange
 		if err := rows.Scan(&c.Partition, &c.From); err != nil {
-			return nil, fmt.Errorf("txoutbox/ordered: acquire leases: %w", err)
+			return nil, fmt.Errorf("ordered: acquire leases: %w", err)
 		}
 		c.Kind = Acquired
 		got = append(got, c.Partition)
 		changes = append(changes, c)
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return nil, fmt.Errorf("txoutbox/ordered: acquire leases: %w", err)
+		return nil, fmt.Errorf("ordered: acquire leases: %w", err)
 	}
 	for _, c := range changes {
 		l.acquired.Add(1)
 		if c.From != "" && c.From != l.opts.Owner {
 			l.takeovers.Add(1)
-			l.log.Info("txoutbox/ordered: took over an expired lease", "partition", c.Partition, "from", c.From)
+			l.log.Info("ordered: took over an expired lease", "partition", c.Partition, "from", c.From)
 		}
 		l.change(c)
 	}
@@ -384,7 +403,7 @@ func (l *Leaser) Leave(ctx context.Context) error {
 	l.mu.Unlock()
 	query, args := l.lq.Release(l.opts.Owner, nil)
 	if _, err := l.db.ExecContext(ctx, query, args...); err != nil {
-		return fmt.Errorf("txoutbox/ordered: release leases: %w", err)
+		return fmt.Errorf("ordered: release leases: %w", err)
 	}
 	l.released.Add(int64(len(held)))
 	for _, p := range held {
@@ -392,7 +411,7 @@ func (l *Leaser) Leave(ctx context.Context) error {
 	}
 	query, args = l.lq.Leave(l.opts.Owner)
 	if _, err := l.db.ExecContext(ctx, query, args...); err != nil {
-		return fmt.Errorf("txoutbox/ordered: remove heartbeat: %w", err)
+		return fmt.Errorf("ordered: remove heartbeat: %w", err)
 	}
 	return nil
 }
@@ -412,14 +431,14 @@ func (l *Leaser) Leases(ctx context.Context) ([]Lease, error) {
 	query, args := l.lq.List()
 	rows, err := l.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("txoutbox/ordered: list leases: %w", err)
+		return nil, fmt.Errorf("ordered: list leases: %w", err)
 	}
 	defer rows.Close()
 	var out []Lease
 	for rows.Next() {
 		var le Lease
 		if err := rows.Scan(&le.Partition, &le.Owner, &le.Live); err != nil {
-			return nil, fmt.Errorf("txoutbox/ordered: list leases: %w", err)
+			return nil, fmt.Errorf("ordered: list leases: %w", err)
 		}
 		out = append(out, le)
 	}

@@ -45,6 +45,12 @@ func (r *Recorder) Publish(ctx context.Context, events []core.Event) error {
 	return nil
 }
 
+// Capabilities implements core.Publisher: a Recorder keeps the order it is
+// given, so it preserves aggregate order.
+func (r *Recorder) Capabilities() core.PublisherCapabilities {
+	return core.PublisherCapabilities{PreservesAggregateOrder: true}
+}
+
 // Events returns a copy of everything published so far, in order.
 func (r *Recorder) Events() []core.Event {
 	r.mu.Lock()
@@ -136,6 +142,11 @@ func (f *Faulty) draw() float64 {
 	defer f.mu.Unlock()
 	return f.rng.Float64()
 }
+
+// Capabilities implements core.Publisher: Inner's. Faults never reorder an
+// aggregate's events: a refused event's successors in the batch are sent,
+// but the relay's ordered mode publishes one event per aggregate per round.
+func (f *Faulty) Capabilities() core.PublisherCapabilities { return f.Inner.Capabilities() }
 
 // Publish injects faults, sends the rest through Inner and reports the
 // outcome per event.

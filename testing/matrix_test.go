@@ -22,6 +22,7 @@ import (
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
@@ -207,7 +208,7 @@ func gormInbox(t *testing.T, db *gorm.DB) *outboxtest.InboxFixture {
 func goChannel(t *testing.T) *outboxtest.BrokerFixture {
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1024}, watermill.NopLogger{})
 	t.Cleanup(func() { ps.Close() })
-	return &outboxtest.BrokerFixture{Publisher: core.NewWatermillPublisher(ps, nil), Subscriber: ps}
+	return &outboxtest.BrokerFixture{Publisher: watermillbroker.NewPublisher(ps, watermillbroker.Options{}), Subscriber: ps}
 }
 
 func rabbitMQ(t *testing.T) *outboxtest.BrokerFixture {

@@ -8,6 +8,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/tracing"
 )
@@ -21,7 +22,7 @@ func Example() {
 	// here it runs by hand on one event.
 	ctx, producer := tp.Tracer("app").Start(context.Background(), "POST /orders")
 	evs := []core.Event{{EventType: "order.created", AggregateID: "42"}}
-	if err := core.RunEnqueueHooks(ctx, evs, []core.EnqueueHook{tr.EnqueueHook()}); err != nil {
+	if err := core.PrepareEvents(ctx, evs, core.Limits{}, []core.EnqueueHook{tr.EnqueueHook()}); err != nil {
 		panic(err)
 	}
 	producer.End()
@@ -34,7 +35,7 @@ func Example() {
 		fmt.Println("consumer in the producer's trace:", same)
 		return nil, nil
 	})
-	if _, err := handler(core.NewMessage(context.Background(), &evs[0])); err != nil {
+	if _, err := handler(watermillbroker.NewMessage(context.Background(), &evs[0])); err != nil {
 		panic(err)
 	}
 	// Output:

@@ -199,8 +199,19 @@ func fail(span trace.Span, err error) {
 // whatever the broker client traces, through the ctx given to p; the events'
 // own headers are passed on unchanged, so consumers continue the producer's
 // trace. Events that failed are recorded as span events with their error.
-func (t *Tracing) Publisher(p core.Publisher) core.Publisher {
-	return core.DecoratePublisher(p, core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
+func (t *Tracing) Publisher(p core.Publisher) core.Publisher { return &publisher{inner: p, t: t} }
+
+type publisher struct {
+	inner core.Publisher
+	t     *Tracing
+}
+
+// Capabilities forwards the decorated publisher's: tracing changes none.
+func (p *publisher) Capabilities() core.PublisherCapabilities { return p.inner.Capabilities() }
+
+func (p *publisher) Publish(ctx context.Context, events []core.Event) error {
+	t := p.t
+	{
 		links := make([]trace.Link, 0, min(len(events), MaxLinks))
 		for i := range events {
 			if len(links) == MaxLinks {
@@ -223,7 +234,7 @@ func (t *Tracing) Publisher(p core.Publisher) core.Publisher {
 			trace.WithLinks(links...),
 			trace.WithAttributes(AttrOperation.String("send"), AttrBatchCount.Int(len(events))))
 		defer span.End()
-		err := p.Publish(ctx, events)
+		err := p.inner.Publish(ctx, events)
 		if err != nil {
 			errs := core.EventErrors(err, len(events))
 			failed := 0
@@ -240,7 +251,7 @@ func (t *Tracing) Publisher(p core.Publisher) core.Publisher {
 			span.SetStatus(codes.Error, strconv.Itoa(failed)+" of "+strconv.Itoa(len(events))+" events failed: "+err.Error())
 		}
 		return err
-	}))
+	}
 }
 
 // Store returns s decorated with spans: each claim that returns events gets
@@ -249,15 +260,21 @@ func (t *Tracing) Publisher(p core.Publisher) core.Publisher {
 // the SpanPublish span too when the publisher is decorated by the same
 // Tracing. An empty claim makes no span, so that an idle relay polling every
 // second does not flood the tracing backend; a failed claim makes a SpanClaim
-// span with the error. The result implements the optional interfaces of s that
-// the relay asserts (core.ConcurrencyLimiter, core.OrderedStore).
-func (t *Tracing) Store(s core.Store) core.Store {
-	return core.DecorateStore(s, &store{inner: s, t: t})
-}
+// span with the error. Stats, DeletePublished and Capabilities pass through
+// untraced: the decorated store can do all that s can.
+func (t *Tracing) Store(s core.Store) core.Store { return &store{inner: s, t: t} }
 
 type store struct {
 	inner core.Store
 	t     *Tracing
+}
+
+func (s *store) Capabilities() core.StoreCapabilities { return s.inner.Capabilities() }
+
+func (s *store) Stats(ctx context.Context) (core.Stats, error) { return s.inner.Stats(ctx) }
+
+func (s *store) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {
+	return s.inner.DeletePublished(ctx, before, limit)
 }
 
 func (s *store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {

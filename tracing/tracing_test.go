@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -14,55 +13,34 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	memoutbox "github.com/txoutbox/txoutbox/adapters/memory"
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
 	"github.com/txoutbox/txoutbox/tracing"
 )
 
-// memStore is a minimal core.Store whose claims hand out every unpublished
-// event once.
-type memStore struct {
-	mu       sync.Mutex
-	events   []core.Event
-	done     map[int64]bool
-	claimErr error
-}
-
-func (s *memStore) Claim(_ context.Context, req core.ClaimRequest) (core.Claim, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.claimErr != nil {
-		return nil, s.claimErr
+// memStore is the reference in-memory store holding events, committed.
+func memStore(t *testing.T, evs ...core.Event) *memoutbox.Store {
+	t.Helper()
+	s := memoutbox.New(memoutbox.Options{})
+	tx := s.Begin()
+	if err := s.Enqueue(context.Background(), tx, evs...); err != nil {
+		t.Fatal(err)
 	}
-	var out []core.Event
-	for _, ev := range s.events {
-		if !s.done[ev.Seq] && len(out) < req.Limit {
-			out = append(out, ev)
-		}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
 	}
-	return &memClaim{s: s, events: out}, nil
+	return s
 }
 
-type memClaim struct {
-	s      *memStore
-	events []core.Event
+// downStore is a store whose every claim fails with err.
+type downStore struct {
+	*memoutbox.Store
+	err error
 }
 
-func (c *memClaim) Events() []core.Event { return c.events }
-
-func (c *memClaim) Commit(_ context.Context, out core.Outcome) error {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	for _, ev := range c.events {
-		c.s.done[ev.Seq] = true // failed ones too: one attempt is enough here
-	}
-	return nil
-}
-
-func (c *memClaim) Release(context.Context) error { return nil }
-
-type limited struct{ *memStore }
-
-func (limited) MaxConcurrency() int { return 1 }
+func (s downStore) Claim(context.Context, core.ClaimRequest) (core.Claim, error) { return nil, s.err }
 
 func setup(t *testing.T) (*tracing.Tracing, *tracetest.SpanRecorder, trace.Tracer) {
 	t.Helper()
@@ -84,7 +62,7 @@ func produce(t *testing.T, tr *tracing.Tracing, app trace.Tracer, firstSeq int64
 		evs[i] = core.Event{Seq: firstSeq + int64(i), EventType: "order.created", AggregateID: fmt.Sprint(i),
 			Headers: map[string]string{"tenant": "acme"}}
 	}
-	if err := core.RunEnqueueHooks(ctx, evs, []core.EnqueueHook{tr.EnqueueHook()}); err != nil {
+	if err := core.PrepareEvents(ctx, evs, core.Limits{}, []core.EnqueueHook{tr.EnqueueHook()}); err != nil {
 		t.Fatal(err)
 	}
 	return evs, span.SpanContext()
@@ -102,13 +80,13 @@ func TestEnqueueHookWritesTraceparent(t *testing.T) {
 		t.Fatalf("the producer's own header was lost: %v", h)
 	}
 	// Headers travel: the message the relay builds carries it.
-	if got := core.NewMessage(context.Background(), &evs[0]).Metadata.Get("traceparent"); got != want {
+	if got := watermillbroker.NewMessage(context.Background(), &evs[0]).Metadata.Get("traceparent"); got != want {
 		t.Fatalf("message metadata traceparent = %q", got)
 	}
 
 	// No span, no header.
 	plain := []core.Event{{EventType: "x"}}
-	if err := core.RunEnqueueHooks(context.Background(), plain, []core.EnqueueHook{tr.EnqueueHook()}); err != nil {
+	if err := core.PrepareEvents(context.Background(), plain, core.Limits{}, []core.EnqueueHook{tr.EnqueueHook()}); err != nil {
 		t.Fatal(err)
 	}
 	if plain[0].Headers != nil {
@@ -122,7 +100,7 @@ func TestRelaySpansOneTracePerBatch(t *testing.T) {
 	tr, rec, app := setup(t)
 	evsA, scA := produce(t, tr, app, 1, 2)
 	evsB, scB := produce(t, tr, app, 3, 1)
-	st := &memStore{events: append(evsA, evsB...), done: map[int64]bool{}}
+	st := memStore(t, append(evsA, evsB...)...)
 	pub := core.PublisherFunc(func(ctx context.Context, events []core.Event) error {
 		if !trace.SpanContextFromContext(ctx).IsValid() {
 			return errors.New("the broker client got no span in its context")
@@ -196,7 +174,7 @@ func TestRelaySpansOneTracePerBatch(t *testing.T) {
 func TestFailedClaimSpan(t *testing.T) {
 	tr, rec, _ := setup(t)
 	down := errors.New("connection refused")
-	st := &memStore{done: map[int64]bool{}, claimErr: down}
+	st := downStore{memoutbox.New(memoutbox.Options{}), down}
 	if _, err := tr.Store(st).Claim(context.Background(), core.ClaimRequest{Limit: 10}); !errors.Is(err, down) {
 		t.Fatalf("Claim: %v", err)
 	}
@@ -206,14 +184,12 @@ func TestFailedClaimSpan(t *testing.T) {
 	}
 }
 
-func TestStoreKeepsConcurrencyLimit(t *testing.T) {
+// The relay decides from the capabilities of what it is given; a decorator
+// must forward all of them, and Stats and DeletePublished too.
+func TestDecoratorsKeepCapabilities(t *testing.T) {
 	tr, _, _ := setup(t)
-	if _, ok := tr.Store(&memStore{}).(core.ConcurrencyLimiter); ok {
-		t.Fatal("a store without a limit gained one")
-	}
-	if l, ok := tr.Store(limited{&memStore{}}).(core.ConcurrencyLimiter); !ok || l.MaxConcurrency() != 1 {
-		t.Fatal("limit lost by the decorator")
-	}
+	outboxtest.RequireStoreDecorator(t, tr.Store)
+	outboxtest.RequirePublisherDecorator(t, tr.Publisher)
 }
 
 func TestConsumerContinuesProducerTrace(t *testing.T) {
@@ -230,7 +206,7 @@ func TestConsumerContinuesProducerTrace(t *testing.T) {
 		return nil, nil
 	})
 	for i := range evs {
-		msg := core.NewMessage(context.Background(), &evs[i])
+		msg := watermillbroker.NewMessage(context.Background(), &evs[i])
 		if _, err := h(msg); (err != nil) != (i == 1) {
 			t.Fatalf("handler %d: %v", i, err)
 		}
@@ -264,27 +240,5 @@ func TestConsumerContinuesProducerTrace(t *testing.T) {
 	}
 	if consume[0].Status().Code == codes.Error || consume[1].Status().Code != codes.Error {
 		t.Errorf("statuses %v, %v; want only the failed handler's span in error", consume[0].Status(), consume[1].Status())
-	}
-}
-
-type ordered struct{ *memStore }
-
-func (ordered) OrderedClaims() bool { return true }
-
-type orderingPublisher struct{ core.Publisher }
-
-func (orderingPublisher) PreservesAggregateOrder() bool { return true }
-
-func TestDecoratorsKeepOrderedMode(t *testing.T) {
-	tr, _, _ := setup(t)
-	if os, ok := tr.Store(ordered{&memStore{}}).(core.OrderedStore); !ok || !os.OrderedClaims() {
-		t.Fatal("OrderedStore lost by the decorator")
-	}
-	nop := core.PublisherFunc(func(context.Context, []core.Event) error { return nil })
-	if op, ok := tr.Publisher(orderingPublisher{nop}).(core.OrderingPublisher); !ok || !op.PreservesAggregateOrder() {
-		t.Fatal("OrderingPublisher lost by the decorator")
-	}
-	if _, ok := tr.Publisher(nop).(core.OrderingPublisher); ok {
-		t.Fatal("a plain publisher gained PreservesAggregateOrder")
 	}
 }

@@ -81,7 +81,7 @@ func BenchmarkCreateOrder(b *testing.B) {
 						return err
 					}
 					evs := []core.Event{ev}
-					if err := core.RunEnqueueHooks(ctx, evs, nil); err != nil {
+					if err := core.PrepareEvents(ctx, evs, core.Limits{}, nil); err != nil {
 						return err
 					}
 					query, args, err := q.Insert(evs)

@@ -9,22 +9,21 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/wake"
 )
 
 // PluginName is the name the Plugin is registered under in
 // gorm.Config.Plugins.
 const PluginName = "txoutbox"
 
-// ErrNoTransaction is returned by Enqueue when tx is not in a transaction:
-// an event written outside the business transaction is exactly the
-// inconsistency the outbox exists to prevent.
-var ErrNoTransaction = errors.New("txoutbox/gorm: not in a transaction")
-
 // ErrEvents is wrapped by the error a write fails with when its events were
 // rejected before they were written: a model's OutboxEvents returned an
 // error, an event was invalid (then core.ErrInvalidEvent is wrapped too), or
-// an EnqueueHook failed. The model's statement is rolled back with them.
-var ErrEvents = errors.New("txoutbox/gorm: events rejected")
+// an EnqueueHook failed. The model's statement is not committed without
+// them: in GORM's default transaction it rolls back; in a transaction of
+// yours, which already holds the model's row, Commit then fails and rolls
+// the transaction back (see the package documentation).
+var ErrEvents = errors.New("gormoutbox: events rejected")
 
 // Op is the kind of write a model is asked for its events after.
 type Op int
@@ -71,7 +70,7 @@ type EventSource interface {
 // Plugin writes the events of EventSource models to the outbox, atomically
 // with the models. Install it once, right after gorm.Open:
 //
-//	db.Use(gormoutbox.Plugin{Notifier: relay})
+//	db.Use(gormoutbox.Plugin{})
 //
 // It registers callbacks on create, update and delete, and wraps the
 // connection pool so that the events of a transaction are written with one
@@ -87,13 +86,18 @@ type Plugin struct {
 	// Dialect is the outbox SQL to use. Default: chosen from the GORM
 	// dialector's name ("postgres" or "sqlite").
 	Dialect dialect.Dialect
-	// Notifier, if set, is told after every commit that wrote events, for
-	// example the *core.Relay running in the same process, so that the
-	// events are published at once instead of at the next poll.
+	// Notifier, if set, is told after every commit that wrote events,
+	// besides the relays running on the table's store in this process,
+	// which are woken without it: use it to reach relays in other
+	// processes (pgnotify.Notifier).
 	Notifier core.Notifier
-	// Hooks run on every event after Prepare and before it is written, in
-	// the producer's transaction and with the statement's context.
+	// Hooks run on every event before it is validated and written, in the
+	// producer's transaction and with the statement's context.
 	Hooks []core.EnqueueHook
+	// Limits bound the events accepted (core.Limits); an event beyond them
+	// fails its write with an error wrapping core.ErrInvalidEvent. Default
+	// core.DefaultLimits.
+	Limits core.Limits
 }
 
 // Name returns PluginName.
@@ -106,7 +110,7 @@ func (p Plugin) Initialize(db *gorm.DB) error {
 		return err
 	}
 	if _, ok := db.ConnPool.(*pool); ok {
-		return fmt.Errorf("txoutbox/gorm: Plugin already installed on this connection pool")
+		return fmt.Errorf("gormoutbox: Plugin already installed on this connection pool")
 	}
 	w := &pool{ConnPool: db.ConnPool, out: o}
 	db.ConnPool = w
@@ -127,7 +131,7 @@ func (p Plugin) Initialize(db *gorm.DB) error {
 		cb.Delete().After("txoutbox:delete").Before("gorm:commit_or_rollback_transaction").Register("txoutbox:commit_or_rollback_transaction", commitOrRollback),
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("txoutbox/gorm: register callbacks: %w", err)
+		return fmt.Errorf("gormoutbox: register callbacks: %w", err)
 	}
 	return nil
 }
@@ -137,6 +141,8 @@ type outbox struct {
 	q        *dialect.Queries
 	notifier core.Notifier
 	hooks    []core.EnqueueHook
+	limits   core.Limits
+	wake     *core.Signal // the relays of this process on the table
 }
 
 // build resolves p's defaults against db's dialector. The SQL keeps the
@@ -147,18 +153,26 @@ func (p Plugin) build(db *gorm.DB) (*outbox, error) {
 	if d.IsZero() {
 		var err error
 		if d, err = dialect.ByName(db.Dialector.Name()); err != nil {
-			return nil, fmt.Errorf("txoutbox/gorm: dialector %q: %w (set Plugin.Dialect)", db.Dialector.Name(), err)
+			return nil, fmt.Errorf("gormoutbox: dialector %q: %w (set Plugin.Dialect)", db.Dialector.Name(), err)
 		}
 	}
 	native, err := dialect.ByName(d.Name())
 	if err != nil {
-		return nil, fmt.Errorf("txoutbox/gorm: %w", err)
+		return nil, fmt.Errorf("gormoutbox: %w", err)
 	}
 	q, err := d.WithPlaceholders(native.Placeholders()).Queries(p.Table)
 	if err != nil {
-		return nil, fmt.Errorf("txoutbox/gorm: %w", err)
+		return nil, fmt.Errorf("gormoutbox: %w", err)
 	}
-	return &outbox{q: q, notifier: p.Notifier, hooks: p.Hooks}, nil
+	limits, err := p.Limits.WithDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("gormoutbox: %w", err)
+	}
+	sqlDB, err := sqlDBOf(db.ConnPool)
+	if err != nil {
+		return nil, fmt.Errorf("gormoutbox: the *sql.DB under GORM: %w", err)
+	}
+	return &outbox{q: q, notifier: p.Notifier, hooks: p.Hooks, limits: limits, wake: wake.For(sqlDB, q.Table().String())}, nil
 }
 
 // startedKey marks a statement whose transaction the Plugin opened.
@@ -174,7 +188,7 @@ func (o *outbox) begin(db *gorm.DB) {
 	}
 	tx := db.Begin()
 	if tx.Error != nil {
-		db.AddError(fmt.Errorf("txoutbox/gorm: begin the transaction for %s's events: %w", db.Statement.ReflectValue.Type(), tx.Error))
+		db.AddError(fmt.Errorf("gormoutbox: begin the transaction for %s's events: %w", db.Statement.ReflectValue.Type(), tx.Error))
 		return
 	}
 	db.Statement.ConnPool = tx.Statement.ConnPool
@@ -203,15 +217,18 @@ func (o *outbox) collect(op Op) func(*gorm.DB) {
 			return
 		}
 		events, err := modelEvents(db.Statement.ReflectValue, op)
-		if err != nil {
-			db.AddError(err)
+		if err == nil && len(events) > 0 {
+			err = o.enqueue(db, events)
+		}
+		if err == nil {
 			return
 		}
-		if len(events) == 0 {
-			return
-		}
-		if err := o.enqueue(db, events); err != nil {
-			db.AddError(err)
+		db.AddError(err)
+		// The model's row is written: its transaction must not commit
+		// without the events. GORM's own transaction rolls back on the
+		// error; a caller's transaction is refused at Commit.
+		if t := txOf(db.Statement.ConnPool); t != nil {
+			t.refuse(err)
 		}
 	}
 }

@@ -364,7 +364,7 @@ func TestConcurrentCreates(t *testing.T) {
 func TestEnqueue(t *testing.T) {
 	forEach(t, nil, func(t *testing.T, e *env) {
 		ev := core.Event{EventType: "x.happened", AggregateID: "7"}
-		if err := gormoutbox.Enqueue(e.db, ev); !errors.Is(err, gormoutbox.ErrNoTransaction) {
+		if err := gormoutbox.Enqueue(e.db, ev); !errors.Is(err, core.ErrNoTransaction) {
 			t.Fatalf("Enqueue outside a transaction: %v", err)
 		}
 		err := e.db.Transaction(func(tx *gorm.DB) error {

@@ -48,15 +48,7 @@ func (p *pool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool,
 }
 
 // GetDBConn returns the *sql.DB under the pool, for gorm.DB.DB.
-func (p *pool) GetDBConn() (*sql.DB, error) {
-	switch c := p.ConnPool.(type) {
-	case *sql.DB:
-		return c, nil
-	case gorm.GetDBConnector:
-		return c.GetDBConn()
-	}
-	return nil, gorm.ErrInvalidDB
-}
+func (p *pool) GetDBConn() (*sql.DB, error) { return sqlDBOf(p.ConnPool) }
 
 // Ping pings the wrapped pool, for callers that ping through GORM's pool.
 func (p *pool) Ping() error {
@@ -81,6 +73,12 @@ type txPool struct {
 	// events pending when each was taken.
 	marks []mark
 	done  bool
+	// refused is the error of a model write whose events were refused
+	// after the model's row was written; refusedDepth is len(marks) then.
+	// Commit refuses to commit the row without its events, unless a
+	// ROLLBACK TO a savepoint taken before the write undid it.
+	refused      error
+	refusedDepth int
 }
 
 type mark struct {
@@ -92,20 +90,37 @@ func (t *txPool) add(events []core.Event) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.done {
-		return fmt.Errorf("%w: the transaction is already committed or rolled back", ErrNoTransaction)
+		return fmt.Errorf("%w: the transaction is already committed or rolled back", core.ErrNoTransaction)
 	}
 	t.pending = append(t.pending, events...)
 	return nil
 }
 
-// Commit writes the pending events and commits. If the write fails, the
-// transaction is rolled back and Commit fails, so that the models are not
-// committed without their events.
+// refuse records that a model row written in t had its events refused.
+func (t *txPool) refuse(err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.refused == nil {
+		t.refused, t.refusedDepth = err, len(t.marks)
+	}
+}
+
+// Commit writes the pending events and commits. If the write fails, or a
+// model written in the transaction had its events refused, the transaction
+// is rolled back and Commit fails, so that the models are not committed
+// without their events.
 func (t *txPool) Commit() error {
 	t.mu.Lock()
-	events := t.pending
+	events, refused := t.pending, t.refused
 	t.pending, t.marks, t.done = nil, nil, true
 	t.mu.Unlock()
+	if refused != nil {
+		err := fmt.Errorf("gormoutbox: a model written in this transaction had its events refused, so the transaction was rolled back instead of committing the model without them: %w", refused)
+		if rerr := t.ConnPool.(gorm.TxCommitter).Rollback(); rerr != nil {
+			err = fmt.Errorf("%w (and rollback: %v)", err, rerr)
+		}
+		return err
+	}
 	if len(events) > 0 {
 		if err := t.out.write(t.ctx, t.ConnPool, events); err != nil {
 			if rerr := t.ConnPool.(gorm.TxCommitter).Rollback(); rerr != nil {
@@ -165,6 +180,9 @@ func (t *txPool) savepoint(query string) {
 			// The savepoint stays after ROLLBACK TO; later ones are gone.
 			t.pending = t.pending[:t.marks[i].n]
 			t.marks = t.marks[:i+1]
+			if t.refused != nil && t.refusedDepth > i {
+				t.refused = nil // the refused model's row is gone too
+			}
 		}
 		t.mu.Unlock()
 	case verb == "RELEASE":
@@ -224,7 +242,7 @@ func inTransaction(cp gorm.ConnPool) bool {
 // manage (one begun on a *sql.Conn of db.Connection), writes them at once.
 func (o *outbox) enqueue(db *gorm.DB, events []core.Event) error {
 	ctx := db.Statement.Context
-	if err := core.RunEnqueueHooks(ctx, events, o.hooks); err != nil {
+	if err := core.PrepareEvents(ctx, events, o.limits, o.hooks); err != nil {
 		return fmt.Errorf("%w: %w", ErrEvents, err)
 	}
 	cp := db.Statement.ConnPool
@@ -232,7 +250,7 @@ func (o *outbox) enqueue(db *gorm.DB, events []core.Event) error {
 		return t.add(events)
 	}
 	if !inTransaction(cp) {
-		return ErrNoTransaction
+		return fmt.Errorf("%w: gormoutbox.Enqueue needs a *gorm.DB in a transaction (db.Transaction, db.Begin)", core.ErrNoTransaction)
 	}
 	if err := o.write(ctx, cp, events); err != nil {
 		return err
@@ -254,10 +272,10 @@ func (o *outbox) write(ctx context.Context, cp gorm.ConnPool, events []core.Even
 		n := min(len(events), dialect.MaxInsertRows)
 		q, args, err := o.q.Insert(events[:n])
 		if err != nil {
-			return fmt.Errorf("txoutbox/gorm: %w", err)
+			return fmt.Errorf("gormoutbox: %w", err)
 		}
 		if _, err := cp.ExecContext(ctx, q, args...); err != nil {
-			return fmt.Errorf("txoutbox/gorm: insert %d events into %s: %w", n, o.q.Table(), err)
+			return fmt.Errorf("gormoutbox: insert %d events into %s: %w", n, o.q.Table(), err)
 		}
 		events = events[n:]
 	}
@@ -265,22 +283,34 @@ func (o *outbox) write(ctx context.Context, cp gorm.ConnPool, events []core.Even
 }
 
 func (o *outbox) notify() {
+	o.wake.Notify()
 	if o.notifier != nil {
 		o.notifier.Notify()
 	}
+}
+
+// sqlDBOf returns the *sql.DB a GORM connection pool runs on.
+func sqlDBOf(cp gorm.ConnPool) (*sql.DB, error) {
+	switch c := cp.(type) {
+	case *sql.DB:
+		return c, nil
+	case gorm.GetDBConnector:
+		return c.GetDBConn()
+	}
+	return nil, gorm.ErrInvalidDB
 }
 
 // Enqueue adds events to the outbox in the transaction tx runs in, with
 // tx's context (tx.WithContext, tx.Statement.Context). With the Plugin
 // installed they are written with the transaction's other events just
 // before COMMIT; in a transaction the Plugin does not manage they are
-// written at once. Enqueue fails with ErrNoTransaction outside a
+// written at once. Enqueue fails with core.ErrNoTransaction outside a
 // transaction, and with an error wrapping core.ErrInvalidEvent for an invalid
 // event. The events are prepared in place: their IDs are set when it returns;
 // Seq and CreatedAt are assigned at the commit and are not written back.
 func Enqueue(tx *gorm.DB, events ...core.Event) error {
 	if tx == nil {
-		return ErrNoTransaction
+		return fmt.Errorf("%w: gormoutbox.Enqueue got a nil *gorm.DB", core.ErrNoTransaction)
 	}
 	if len(events) == 0 {
 		return nil

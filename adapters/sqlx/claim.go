@@ -1,26 +1,47 @@
 package sqlxoutbox
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
 	"fmt"
+	"slices"
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 )
 
-// Claim implements core.Store. On PostgreSQL it opens a transaction that
-// holds the claimed rows locked until Commit or Release, and marks them
-// published in the same statement that locks them: Commit then only undoes
-// what failed, and a batch that published in full costs three round trips
-// (BEGIN, claim, COMMIT) instead of four (dialect.Queries.ClaimMarked tells
-// why that is as safe as marking afterwards). On a pool of pgx's stdlib
-// driver the claim runs on pgx's own connection, reserved from the pool: BEGIN
-// travels with the claim and the outcome with COMMIT, two round trips a
-// batch, and rows are scanned without database/sql's conversions. On SQLite it stamps a lease on
-// them in one statement (see the package documentation).
+// Claim implements core.Store.
+//
+// An unordered claim on PostgreSQL opens a transaction that holds the
+// claimed rows locked until Commit or Release, and marks them published in
+// the same statement that locks them: Commit then only undoes what failed,
+// and a batch that published in full costs three round trips (BEGIN,
+// claim, COMMIT) instead of four (dialect.Queries.ClaimMarked tells why that
+// is as safe as marking afterwards). On a pool of pgx's stdlib driver the
+// claim runs on pgx's own connection, reserved from the pool: BEGIN travels
+// with the claim and the outcome with COMMIT, two round trips a batch, and
+// rows are scanned without database/sql's conversions.
+//
+// An ordered claim (req.Ordered) on PostgreSQL is a transaction that first
+// takes the advisory lock of each requested partition no other claim holds,
+// then claims from those partitions only, in Seq order, holding back an
+// event while an earlier one of its aggregate is in backoff (or dead, under
+// core.DeadLetterBlock); locks and row locks last until Commit or Release.
+//
+// On SQLite a claim stamps a lease on the rows in one statement (see the
+// package documentation).
 func (o *Outbox) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
+	c, err := o.claim(ctx, req)
+	return c, dialect.CheckMigrated(err, o.q.Table())
+}
+
+func (o *Outbox) claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
 	if req.Limit <= 0 {
 		return nil, fmt.Errorf("%w: claim limit %d", core.ErrInvalidOptions, req.Limit)
+	}
+	if oc := req.Ordered; oc != nil {
+		return o.orderedClaim(ctx, req.Limit, oc)
 	}
 	if o.d.ClaimMode() == dialect.ClaimLease {
 		query, args := o.q.Claim(req.Limit, o.opts.ClaimLease)
@@ -35,4 +56,65 @@ func (o *Outbox) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, 
 		return nil, err
 	}
 	return o.claims.QueryMarked(ctx, tx, query, args)
+}
+
+func (o *Outbox) orderedClaim(ctx context.Context, limit int, oc *core.OrderedClaim) (core.Claim, error) {
+	if oc.PartitionCount <= 0 {
+		return nil, fmt.Errorf("%w: ordered claim with PartitionCount %d", core.ErrInvalidOptions, oc.PartitionCount)
+	}
+	if oc.Partitions == nil {
+		all := *oc
+		all.Partitions = make([]int, oc.PartitionCount)
+		for i := range all.Partitions {
+			all.Partitions[i] = i
+		}
+		oc = &all
+	}
+	if o.d.ClaimMode() == dialect.ClaimLease {
+		query, args := o.q.ClaimOrdered(*oc, limit, o.opts.ClaimLease)
+		return o.claims.QueryLeased(ctx, query, args, sortBySeq)
+	}
+	tx, err := o.claims.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	locked, err := o.lockPartitions(ctx, tx, oc.Partitions)
+	if err != nil {
+		o.claims.Rollback(tx)
+		return nil, err
+	}
+	if len(locked) == 0 {
+		o.claims.Rollback(tx)
+		return o.claims.Empty(), nil
+	}
+	mine := *oc
+	mine.Partitions = locked
+	query, args := o.q.ClaimOrdered(mine, limit, 0)
+	// An empty claim rolls back at once, giving the partitions back.
+	return o.claims.QueryLocked(ctx, tx, query, args)
+}
+
+func (o *Outbox) lockPartitions(ctx context.Context, tx *sql.Tx, parts []int) ([]int, error) {
+	query, args := o.q.LockPartitions(parts)
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: lock partitions: %w", err)
+	}
+	defer rows.Close()
+	var locked []int
+	for rows.Next() {
+		var p int
+		if err := rows.Scan(&p); err != nil {
+			return nil, fmt.Errorf("sqlxoutbox: lock partitions: %w", err)
+		}
+		locked = append(locked, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: lock partitions: %w", err)
+	}
+	return locked, nil
+}
+
+func sortBySeq(evs []core.Event) {
+	slices.SortFunc(evs, func(a, b core.Event) int { return cmp.Compare(a.Seq, b.Seq) })
 }

@@ -93,7 +93,7 @@ func TestExecWithEvents(t *testing.T) {
 			if _, err := e.execWith(t, false, insert, []any{"o-2", 1}, rolled...); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.box.Get(context.Background(), rolled[0].ID); !errors.Is(err, sqlxoutbox.ErrNotFound) {
+			if _, err := e.box.Get(context.Background(), rolled[0].ID); !errors.Is(err, core.ErrEventNotFound) {
 				t.Errorf("rolled-back event: Get = %v, want ErrNotFound", err)
 			}
 
@@ -103,7 +103,7 @@ func TestExecWithEvents(t *testing.T) {
 			if _, err := e.execWith(t, true, insert, []any{"o-1", 7}, failed...); err == nil {
 				t.Fatal("duplicate order accepted")
 			}
-			if _, err := e.box.Get(context.Background(), failed[0].ID); !errors.Is(err, sqlxoutbox.ErrNotFound) {
+			if _, err := e.box.Get(context.Background(), failed[0].ID); !errors.Is(err, core.ErrEventNotFound) {
 				t.Errorf("event of a failed statement: Get = %v, want ErrNotFound", err)
 			}
 			// Twice: the committed and the rolled-back statement (the

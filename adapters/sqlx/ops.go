@@ -11,22 +11,22 @@ import (
 	"github.com/txoutbox/txoutbox/dialect"
 )
 
-// Stats implements core.StatsReader: pending and dead counts, overall and
+// Stats implements core.Store: pending and dead counts, overall and
 // per event type, and the age of the oldest pending event by the database's
 // clock. It reads every unpublished row; call it every few seconds at most.
 func (o *Outbox) Stats(ctx context.Context) (core.Stats, error) {
 	rows, err := o.db.QueryContext(ctx, o.q.Stats())
 	if err != nil {
-		return core.Stats{}, fmt.Errorf("txoutbox/sqlx: stats: %w", err)
+		return core.Stats{}, fmt.Errorf("sqlxoutbox: stats: %w", dialect.CheckMigrated(err, o.q.Table()))
 	}
 	s, err := dialect.CollectStats(rows)
 	if err != nil {
-		return core.Stats{}, fmt.Errorf("txoutbox/sqlx: stats: %w", err)
+		return core.Stats{}, fmt.Errorf("sqlxoutbox: stats: %w", err)
 	}
 	return s, nil
 }
 
-// DeletePublished implements core.Cleaner: it deletes at most limit events
+// DeletePublished implements core.Store: it deletes at most limit events
 // published before the given time, oldest first. Pending and dead events are
 // never deleted. On SQLite, before is truncated to milliseconds.
 func (o *Outbox) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {
@@ -46,11 +46,11 @@ func (o *Outbox) ListDead(ctx context.Context, f DeadFilter, p Page) ([]core.Eve
 	}
 	rows, err := o.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("txoutbox/sqlx: list dead events: %w", err)
+		return nil, fmt.Errorf("sqlxoutbox: list dead events: %w", dialect.CheckMigrated(err, o.q.Table()))
 	}
 	evs, err := dialect.CollectEvents(rows)
 	if err != nil {
-		return nil, fmt.Errorf("txoutbox/sqlx: list dead events: %w", err)
+		return nil, fmt.Errorf("sqlxoutbox: list dead events: %w", err)
 	}
 	return evs, nil
 }
@@ -64,7 +64,7 @@ func (o *Outbox) RetryDead(ctx context.Context, f DeadFilter) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return o.exec(ctx, "retry dead events", query, args)
+	return o.execWake(ctx, "retry dead events", query, args)
 }
 
 // PurgeDead deletes the dead events matching f and returns how many it
@@ -88,11 +88,11 @@ func (o *Outbox) Replay(ctx context.Context, f ReplayFilter) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return o.exec(ctx, "replay events", query, args)
+	return o.execWake(ctx, "replay events", query, args)
 }
 
 // Get returns the event with the given ID, with its delivery bookkeeping, or
-// an error wrapping ErrNotFound. event_id has no index (see the migrations),
+// an error wrapping core.ErrEventNotFound. event_id has no index (see the migrations),
 // so Get scans the table: it is for operators and tests.
 func (o *Outbox) Get(ctx context.Context, eventID string) (core.Event, error) {
 	query, args, err := o.q.GetByEventID(eventID)
@@ -103,7 +103,7 @@ func (o *Outbox) Get(ctx context.Context, eventID string) (core.Event, error) {
 }
 
 // GetBySeq returns the event at the given Seq, or an error wrapping
-// ErrNotFound.
+// core.ErrEventNotFound.
 func (o *Outbox) GetBySeq(ctx context.Context, seq int64) (core.Event, error) {
 	query, args := o.q.GetBySeq(seq)
 	return o.getOne(ctx, query, args, fmt.Sprintf("event at seq %d", seq))
@@ -112,10 +112,10 @@ func (o *Outbox) GetBySeq(ctx context.Context, seq int64) (core.Event, error) {
 func (o *Outbox) getOne(ctx context.Context, query string, args []any, what string) (core.Event, error) {
 	ev, err := dialect.ScanEvent(o.db.QueryRowContext(ctx, query, args...).Scan)
 	if errors.Is(err, sql.ErrNoRows) {
-		return core.Event{}, fmt.Errorf("%w: %s", ErrNotFound, what)
+		return core.Event{}, fmt.Errorf("%w: %s", core.ErrEventNotFound, what)
 	}
 	if err != nil {
-		return core.Event{}, fmt.Errorf("txoutbox/sqlx: get %s: %w", what, err)
+		return core.Event{}, fmt.Errorf("sqlxoutbox: get %s: %w", what, dialect.CheckMigrated(err, o.q.Table()))
 	}
 	return ev, nil
 }
@@ -123,11 +123,21 @@ func (o *Outbox) getOne(ctx context.Context, query string, args []any, what stri
 func (o *Outbox) exec(ctx context.Context, what, query string, args []any) (int64, error) {
 	res, err := o.db.ExecContext(ctx, query, args...)
 	if err != nil {
-		return 0, fmt.Errorf("txoutbox/sqlx: %s: %w", what, err)
+		return 0, fmt.Errorf("sqlxoutbox: %s: %w", what, dialect.CheckMigrated(err, o.q.Table()))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return 0, fmt.Errorf("txoutbox/sqlx: %s: %w", what, err)
+		return 0, fmt.Errorf("sqlxoutbox: %s: %w", what, err)
 	}
 	return n, nil
+}
+
+// execWake is exec for a statement that makes events due: it wakes the
+// relays of this process when it changed a row.
+func (o *Outbox) execWake(ctx context.Context, what, query string, args []any) (int64, error) {
+	n, err := o.exec(ctx, what, query, args)
+	if n > 0 {
+		o.notify()
+	}
+	return n, err
 }

@@ -37,6 +37,16 @@
 // are not blocked while a slow broker publishes. The Outbox reports a
 // MaxConcurrency of 1, so a relay runs one worker; an abandoned claim becomes
 // claimable again when its lease (Options.ClaimLease) expires.
+//
+// # Ordered claims and wake-up
+//
+// The same Outbox serves the ordered claims of ordered mode
+// (core.ClaimRequest.Ordered; docs/ordering.md) and, on PostgreSQL, the
+// partition leaser that relays of one table share (package ordered): a
+// relay with the default core.OrderingAuto and a Kafka or SNS FIFO
+// publisher is ordered with no extra wiring. Every write through an Outbox
+// (or the GORM plugin) on the same *sql.DB and table wakes the relays
+// running on it in this process (core.StoreCapabilities.Wakeups).
 package sqlxoutbox
 
 import (
@@ -46,7 +56,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -57,17 +66,9 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/sqlclaim"
+	"github.com/txoutbox/txoutbox/internal/wake"
+	"github.com/txoutbox/txoutbox/ordered"
 )
-
-// ErrNotFound is returned (wrapped) by Get and GetBySeq when no event
-// matches. It is core.ErrEventNotFound, so either name works with errors.Is.
-var ErrNotFound = core.ErrEventNotFound
-
-// ErrInvalidOutcome is returned (wrapped) by a claim's Commit for an outcome
-// that names an event twice or one the claim does not hold. The claim is
-// released. It is core.ErrInvalidOutcome, so either name works with
-// errors.Is.
-var ErrInvalidOutcome = core.ErrInvalidOutcome
 
 // DefaultClaimLease is the default lease of a claim on SQLite.
 const DefaultClaimLease = time.Minute
@@ -83,9 +84,11 @@ type (
 	Page = dialect.Page
 )
 
-// Tx is where Enqueue writes: the caller's transaction. *sql.Tx and *sqlx.Tx
-// satisfy it, and so do *sql.Conn and *sql.DB (and their sqlx wrappers) for
-// writes that need no transaction of their own.
+// Tx is where Enqueue writes: the caller's transaction, a *sql.Tx or a
+// *sqlx.Tx (or a wrapper of one). A *sql.DB or *sql.Conn (or their sqlx
+// forms) has the same methods but is not a transaction: Enqueue refuses it
+// with core.ErrNoTransaction, since an event written outside the business
+// transaction is the dual-write bug the outbox exists to remove.
 type Tx interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -99,12 +102,18 @@ type Options struct {
 	// Table is the outbox table, validated by dialect.ValidateIdentifier.
 	// Default dialect.DefaultTable.
 	Table string
-	// Notifier is told after each successful Enqueue, typically the
-	// *core.Relay of the same process. The relay copes with hearing of
-	// events before their transaction commits.
+	// Notifier is told after each successful Enqueue, besides the relays of
+	// this process (which are woken without it): use it to reach relays in
+	// other processes, with pgnotify.Notifier. The relay copes with hearing
+	// of events before their transaction commits.
 	Notifier core.Notifier
-	// Hooks run on every event before it is written (core.EnqueueHook).
+	// Hooks run on every event before it is validated and written
+	// (core.EnqueueHook).
 	Hooks []core.EnqueueHook
+	// Limits bound the events Enqueue accepts (core.Limits); an event
+	// beyond them is refused before anything is written. Default
+	// core.DefaultLimits.
+	Limits core.Limits
 	// ClaimLease is how long a claim keeps its events from other claims on
 	// SQLite before they count as abandoned. It must exceed the longest
 	// publish of a batch. Default DefaultClaimLease. Unused on PostgreSQL,
@@ -131,22 +140,19 @@ type Options struct {
 // relay's core.Store, and the operators' tools. It is safe for concurrent
 // use.
 type Outbox struct {
-	db   *sql.DB
-	d    dialect.Dialect
-	q    *dialect.Queries
-	opts Options
+	db     *sql.DB
+	d      dialect.Dialect
+	q      *dialect.Queries
+	opts   Options
+	limits core.Limits
+	wake   *core.Signal
 	// claims opens and finishes the relay's claims (claim.go).
 	claims *sqlclaim.Claimer
 	// native: claims run on pgx's connections (sqlclaim.QueryMarkedNative).
 	native bool
 }
 
-var (
-	_ core.Store              = (*Outbox)(nil)
-	_ core.StatsReader        = (*Outbox)(nil)
-	_ core.Cleaner            = (*Outbox)(nil)
-	_ core.ConcurrencyLimiter = (*Outbox)(nil)
-)
+var _ core.Store = (*Outbox)(nil)
 
 // New returns the Outbox of a sqlx database; the dialect defaults to the one
 // of db's driver name.
@@ -184,13 +190,17 @@ func NewDB(db *sql.DB, opts Options) (*Outbox, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	limits, err := opts.Limits.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
 	q, err := opts.Dialect.Queries(opts.Table)
 	if err != nil {
 		return nil, err
 	}
 	return &Outbox{
-		db: db, d: opts.Dialect, q: q, opts: opts,
-		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "txoutbox/sqlx", AsyncMark: !opts.SyncMark},
+		db: db, d: opts.Dialect, q: q, opts: opts, limits: limits, wake: wake.For(db, q.Table().String()),
+		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "sqlxoutbox", AsyncMark: !opts.SyncMark},
 		native: opts.Dialect.ClaimMode() == dialect.ClaimRowLocks && sqlclaim.Native(db),
 	}, nil
 }
@@ -221,42 +231,74 @@ func (o *Outbox) Dialect() dialect.Dialect { return o.d }
 // Queries returns the SQL the Outbox runs.
 func (o *Outbox) Queries() *dialect.Queries { return o.q }
 
-// MaxConcurrency implements core.ConcurrencyLimiter: 1 on SQLite (one writer),
-// no limit on PostgreSQL.
-func (o *Outbox) MaxConcurrency() int {
-	if n := o.d.MaxConcurrency(); n > 0 {
-		return n
+// Capabilities implements core.Store: ordered claims on every dialect; one
+// claim at a time on SQLite (one writer); the wake-up signal shared by
+// every writer of the table in this process; and on PostgreSQL the
+// partition leaser of package ordered, with which relays of one table share
+// the partitions of ordered mode.
+func (o *Outbox) Capabilities() core.StoreCapabilities {
+	c := core.StoreCapabilities{OrderedClaims: true, MaxConcurrency: o.d.MaxConcurrency(), Wakeups: o.wake}
+	if o.d.MaxConcurrency() == 0 {
+		c.NewLeaser = func(lc core.LeaserConfig) (core.PartitionLeaser, error) {
+			return ordered.NewLeaser(o.db, o.d, ordered.LeaserOptions{
+				Table: o.q.Table().String(), PartitionCount: lc.PartitionCount, Logger: lc.Logger,
+			})
+		}
 	}
-	return math.MaxInt32
+	return c
+}
+
+// checkTx refuses a handle that is not a transaction.
+func checkTx(tx Tx, call string) error {
+	switch tx.(type) {
+	case nil:
+		return fmt.Errorf("%w: %s needs the caller's transaction, got nil", core.ErrNoTransaction, call)
+	case *sql.DB, *sqlx.DB, *sql.Conn, *sqlx.Conn:
+		return fmt.Errorf("%w: %s needs the caller's transaction (*sql.Tx or *sqlx.Tx), got %T: "+
+			"an event written outside the business transaction can be lost or published for a write that rolled back",
+			core.ErrNoTransaction, call, tx)
+	}
+	return nil
+}
+
+// notify wakes the relays of this process and the Notifier.
+func (o *Outbox) notify() {
+	o.wake.Notify()
+	if o.opts.Notifier != nil {
+		o.opts.Notifier.Notify()
+	}
 }
 
 // Enqueue writes events in the caller's transaction tx, so that they are
-// published if and only if tx commits. It prepares every event (UUIDv7 ID,
-// validation; errors wrap core.ErrInvalidEvent) and runs the Hooks, then
-// writes them with one multi-row INSERT per dialect.MaxInsertRows events.
+// published if and only if tx commits. It prepares every event (a UUIDv7 ID
+// when none is set, the Hooks, validation against the Limits) before
+// anything is written: an invalid event fails the call with an error
+// wrapping core.ErrInvalidEvent that names the field and the limit, and tx
+// stays usable for the caller's other writes. It then writes the events
+// with one multi-row INSERT per dialect.MaxInsertRows events. A tx that is
+// not a transaction fails with core.ErrNoTransaction.
 //
 // The IDs, and the Seq and CreatedAt the database assigned, are written back
 // into events: pass a slice (Enqueue(ctx, tx, evs...)) to see them.
-// Enqueue then calls the Notifier, before tx commits.
+// Enqueue then wakes the relays of this process (and the Notifier), before
+// tx commits.
 func (o *Outbox) Enqueue(ctx context.Context, tx Tx, events ...core.Event) error {
+	if err := checkTx(tx, "Enqueue"); err != nil {
+		return err
+	}
 	if len(events) == 0 {
 		return nil
-	}
-	if tx == nil {
-		return fmt.Errorf("%w: Enqueue needs a transaction", core.ErrInvalidOptions)
 	}
 	if err := o.write(ctx, tx, events); err != nil {
 		return err
 	}
-	if o.opts.Notifier != nil {
-		o.opts.Notifier.Notify()
-	}
+	o.notify()
 	return nil
 }
 
 // write is Enqueue without the notification.
 func (o *Outbox) write(ctx context.Context, tx Tx, events []core.Event) error {
-	if err := core.RunEnqueueHooks(ctx, events, o.opts.Hooks); err != nil {
+	if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
 		return err
 	}
 	for start := 0; start < len(events); start += dialect.MaxInsertRows {
@@ -287,8 +329,8 @@ func (o *Outbox) write(ctx context.Context, tx Tx, events []core.Event) error {
 // CreatedAt are left zero on the one-statement path, which returns no rows
 // of its own. The Notifier is told after the statement succeeded.
 func (o *Outbox) ExecWithEvents(ctx context.Context, tx Tx, query string, args []any, events ...core.Event) (sql.Result, error) {
-	if tx == nil {
-		return nil, fmt.Errorf("%w: ExecWithEvents needs a transaction", core.ErrInvalidOptions)
+	if err := checkTx(tx, "ExecWithEvents"); err != nil {
+		return nil, err
 	}
 	if len(events) == 0 {
 		return tx.ExecContext(ctx, query, args...)
@@ -303,7 +345,7 @@ func (o *Outbox) ExecWithEvents(ctx context.Context, tx Tx, query string, args [
 			return nil, err
 		}
 	} else {
-		if err := core.RunEnqueueHooks(ctx, events, o.opts.Hooks); err != nil {
+		if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
 			return nil, err
 		}
 		stmt, evArgs, err := o.q.InsertWith(query, len(args), events)
@@ -313,12 +355,10 @@ func (o *Outbox) ExecWithEvents(ctx context.Context, tx Tx, query string, args [
 		all := make([]any, 0, len(args)+len(evArgs))
 		all = append(append(all, args...), evArgs...)
 		if res, err = tx.ExecContext(ctx, stmt, all...); err != nil {
-			return nil, fmt.Errorf("txoutbox/sqlx: statement with %d events: %w", len(events), err)
+			return nil, fmt.Errorf("sqlxoutbox: statement with %d events: %w", len(events), err)
 		}
 	}
-	if o.opts.Notifier != nil {
-		o.opts.Notifier.Notify()
-	}
+	o.notify()
 	return res, nil
 }
 
@@ -334,22 +374,22 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, events []core.Event) error {
 	}
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
-		return fmt.Errorf("txoutbox/sqlx: insert %d events: %w", len(events), err)
+		return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), dialect.CheckMigrated(err, o.q.Table()))
 	}
 	defer rows.Close()
 	got := make([]inserted, 0, len(events))
 	for rows.Next() {
 		var r inserted
 		if err := rows.Scan(&r.seq, &r.created); err != nil {
-			return fmt.Errorf("txoutbox/sqlx: insert %d events: %w", len(events), err)
+			return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), err)
 		}
 		got = append(got, r)
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return fmt.Errorf("txoutbox/sqlx: insert %d events: %w", len(events), err)
+		return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), err)
 	}
 	if len(got) != len(events) {
-		return fmt.Errorf("txoutbox/sqlx: insert of %d events returned %d rows", len(events), len(got))
+		return fmt.Errorf("sqlxoutbox: insert of %d events returned %d rows", len(events), len(got))
 	}
 	// Ids are assigned in VALUES order; RETURNING order is not promised.
 	slices.SortFunc(got, func(a, b inserted) int { return cmp.Compare(a.seq, b.seq) })

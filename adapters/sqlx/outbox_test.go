@@ -31,7 +31,7 @@ func TestEnqueueCommitAndRollback(t *testing.T) {
 		if got.EventType != "order.created" || got.AggregateID != "o-0" || got.Headers["n"] != "0" || !strings.Contains(string(got.Payload), `"n"`) {
 			t.Errorf("stored fields differ: %+v", got)
 		}
-		if _, err := e.box.Get(ctx, rolledBack[0].ID); !errors.Is(err, sqlxoutbox.ErrNotFound) {
+		if _, err := e.box.Get(ctx, rolledBack[0].ID); !errors.Is(err, core.ErrEventNotFound) {
 			t.Errorf("rolled-back event: Get = %v, want ErrNotFound", err)
 		}
 		c := e.claim(t, 10)
@@ -198,7 +198,7 @@ func TestClaimCommitRelease(t *testing.T) {
 
 		// A bad outcome is refused and the claim released.
 		bad := core.Outcome{Published: []int64{evs[2].Seq, evs[0].Seq}}
-		if err := c.Commit(ctx, bad); !errors.Is(err, sqlxoutbox.ErrInvalidOutcome) {
+		if err := c.Commit(ctx, bad); !errors.Is(err, core.ErrInvalidOutcome) {
 			t.Errorf("Commit(seq not claimed) = %v, want ErrInvalidOutcome", err)
 		}
 		c = e.claim(t, 10)
@@ -206,7 +206,7 @@ func TestClaimCommitRelease(t *testing.T) {
 			t.Errorf("after refused commit claimed %v, want %v", got, seqsOf(evs[2:]))
 		}
 		dup := core.Outcome{Published: []int64{evs[2].Seq}, Failed: []core.Failure{{Seq: evs[2].Seq}}}
-		if err := c.Commit(ctx, dup); !errors.Is(err, sqlxoutbox.ErrInvalidOutcome) {
+		if err := c.Commit(ctx, dup); !errors.Is(err, core.ErrInvalidOutcome) {
 			t.Errorf("Commit(seq twice) = %v, want ErrInvalidOutcome", err)
 		}
 
@@ -513,7 +513,7 @@ func TestCleanupBoundedBatches(t *testing.T) {
 			t.Errorf("progress %v, want [10 15] (bounded batches)", progress)
 		}
 		for _, ev := range old {
-			if _, err := e.box.Get(ctx, ev.ID); !errors.Is(err, sqlxoutbox.ErrNotFound) {
+			if _, err := e.box.Get(ctx, ev.ID); !errors.Is(err, core.ErrEventNotFound) {
 				t.Errorf("old published event %d survived: %v", ev.Seq, err)
 			}
 		}
@@ -590,7 +590,7 @@ func TestDeadLetterRetryAndPurge(t *testing.T) {
 		if n, err := e.box.PurgeDead(ctx, sqlxoutbox.DeadFilter{All: true}); err != nil || n != 1 {
 			t.Errorf("PurgeDead(All) = %d, %v", n, err)
 		}
-		if _, err := e.box.Get(ctx, b[2].ID); !errors.Is(err, sqlxoutbox.ErrNotFound) {
+		if _, err := e.box.Get(ctx, b[2].ID); !errors.Is(err, core.ErrEventNotFound) {
 			t.Errorf("purged event still there: %v", err)
 		}
 		if n, err := e.box.RetryDead(ctx, sqlxoutbox.DeadFilter{All: true}); err != nil || n != 0 {
@@ -668,7 +668,7 @@ func TestGetAndOptions(t *testing.T) {
 	if got, err := e.box.GetBySeq(ctx, ev.Seq); err != nil || got.ID != ev.ID {
 		t.Errorf("GetBySeq = %+v, %v", got, err)
 	}
-	if _, err := e.box.GetBySeq(ctx, ev.Seq+100); !errors.Is(err, sqlxoutbox.ErrNotFound) {
+	if _, err := e.box.GetBySeq(ctx, ev.Seq+100); !errors.Is(err, core.ErrEventNotFound) {
 		t.Errorf("GetBySeq(missing) = %v", err)
 	}
 	if _, err := e.box.Get(ctx, "not-a-uuid"); !errors.Is(err, dialect.ErrInvalidFilter) {

@@ -29,11 +29,10 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/txoutbox/txoutbox/core"
 )
 
 var (
-	// ErrInvalidOptions is wrapped by errors that reject a configuration.
-	ErrInvalidOptions = errors.New("amqpbroker: invalid options")
 	// ErrNotConnected is wrapped by the error of an event published while
 	// the connection to RabbitMQ is down (it is being re-dialled).
 	ErrNotConnected = errors.New("amqpbroker: not connected to RabbitMQ")
@@ -45,7 +44,9 @@ var (
 	// x-overflow=reject-publish).
 	ErrNacked = errors.New("amqpbroker: RabbitMQ nacked the message")
 	// ErrUnroutable is wrapped by the error of an event that RabbitMQ could
-	// route to no queue (see Options.AllowUnroutable).
+	// route to no queue: no queue is bound to its exchange and routing key.
+	// Declare the consumers' queues with Options.Consumers (?consumers= on
+	// the CLI), or bind one, or set Options.AllowUnroutable.
 	ErrUnroutable = errors.New("amqpbroker: message routed to no queue")
 )
 
@@ -71,9 +72,9 @@ type Topology struct {
 func (t Topology) validate() error {
 	switch {
 	case t.Exchange == "" && t.ExchangeType != "":
-		return fmt.Errorf("%w: ExchangeType %q without Exchange", ErrInvalidOptions, t.ExchangeType)
+		return fmt.Errorf("%w: ExchangeType %q without Exchange", core.ErrInvalidOptions, t.ExchangeType)
 	case t.Exchange != "" && t.ExchangeType != "" && t.ExchangeType != ExchangeTopic && t.ExchangeType != ExchangeDirect:
-		return fmt.Errorf("%w: ExchangeType %q (want %q or %q)", ErrInvalidOptions, t.ExchangeType, ExchangeTopic, ExchangeDirect)
+		return fmt.Errorf("%w: ExchangeType %q (want %q or %q)", core.ErrInvalidOptions, t.ExchangeType, ExchangeTopic, ExchangeDirect)
 	}
 	return nil
 }

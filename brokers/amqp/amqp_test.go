@@ -308,12 +308,12 @@ func TestInvalidOptions(t *testing.T) {
 		"headers exchange":  {URL: "amqp://x", Topology: amqpbroker.Topology{Exchange: "x", ExchangeType: "headers"}},
 		"negative channels": {URL: "amqp://x", Channels: -1},
 	} {
-		if _, err := amqpbroker.NewPublisher(opts); !errors.Is(err, amqpbroker.ErrInvalidOptions) {
-			t.Errorf("%s: NewPublisher = %v, want ErrInvalidOptions", name, err)
+		if _, err := amqpbroker.NewPublisher(opts); !errors.Is(err, core.ErrInvalidOptions) {
+			t.Errorf("%s: NewPublisher = %v, want core.ErrInvalidOptions", name, err)
 		}
 	}
-	if _, err := amqpbroker.NewSubscriber(amqpbroker.SubscriberOptions{URL: "amqp://x"}); !errors.Is(err, amqpbroker.ErrInvalidOptions) {
-		t.Errorf("NewSubscriber without Consumer = %v, want ErrInvalidOptions", err)
+	if _, err := amqpbroker.NewSubscriber(amqpbroker.SubscriberOptions{URL: "amqp://x"}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("NewSubscriber without Consumer = %v, want core.ErrInvalidOptions", err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
@@ -92,7 +93,7 @@ func BenchmarkPublish(b *testing.B) {
 		run(b, func(ctx context.Context, evs []core.Event) error {
 			dcs := make([]*amqp.DeferredConfirmation, 0, len(evs))
 			for i := range evs {
-				msg, _ := m.Marshal(core.NewMessage(ctx, &evs[i]))
+				msg, _ := m.Marshal(watermillbroker.NewMessage(ctx, &evs[i]))
 				dc, err := rch.PublishWithDeferredConfirmWithContext(ctx, et, et, true, false, msg)
 				if err != nil {
 					return err
@@ -126,7 +127,7 @@ func BenchmarkPublish(b *testing.B) {
 		}
 		defer pub.Close()
 		run(b, func(ctx context.Context, evs []core.Event) error {
-			return core.NewWatermillPublisher(pub, nil).Publish(ctx, evs)
+			return watermillbroker.NewPublisher(pub, watermillbroker.Options{}).Publish(ctx, evs)
 		})
 	})
 }

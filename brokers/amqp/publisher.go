@@ -10,6 +10,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 )
 
@@ -81,13 +82,13 @@ type confirmChannel struct {
 // close the connection.
 func NewPublisher(opts Options) (*Publisher, error) {
 	if opts.URL == "" {
-		return nil, fmt.Errorf("%w: URL is empty", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: URL is empty", core.ErrInvalidOptions)
 	}
 	if err := opts.Topology.validate(); err != nil {
 		return nil, err
 	}
 	if opts.Channels < 0 {
-		return nil, fmt.Errorf("%w: negative Channels", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: negative Channels", core.ErrInvalidOptions)
 	}
 	if opts.Channels == 0 {
 		opts.Channels = DefaultChannels
@@ -116,6 +117,12 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	}
 	return p, nil
 }
+
+// Capabilities implements core.Publisher. RabbitMQ keeps the order of one
+// channel's messages in a queue, but a relay's concurrent Publish calls
+// use several channels, and a consumer's prefetch and redeliveries reorder
+// them, so the publisher does not promise aggregate order.
+func (p *Publisher) Capabilities() core.PublisherCapabilities { return core.PublisherCapabilities{} }
 
 // Publish sends the events on one channel, in order, and returns when
 // RabbitMQ confirmed each of them, with a *core.BatchError naming the ones
@@ -209,7 +216,7 @@ func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events
 			break // a failed declaration closes the channel
 		}
 		exchanges[i] = exchange
-		msg, err := p.marshal.Marshal(core.NewMessage(ctx, ev))
+		msg, err := p.marshal.Marshal(watermillbroker.NewMessage(ctx, ev))
 		if err != nil {
 			errs[i] = fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err)
 			continue

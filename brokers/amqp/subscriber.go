@@ -11,6 +11,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/txoutbox/txoutbox/core"
 )
 
 // SubscriberOptions configures NewSubscriber.
@@ -54,16 +55,16 @@ type Subscriber struct {
 // what a Publisher with the same Topology sent.
 func NewSubscriber(opts SubscriberOptions) (*Subscriber, error) {
 	if opts.URL == "" {
-		return nil, fmt.Errorf("%w: URL is empty", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: URL is empty", core.ErrInvalidOptions)
 	}
 	if opts.Consumer == "" {
-		return nil, fmt.Errorf("%w: Consumer is empty", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: Consumer is empty", core.ErrInvalidOptions)
 	}
 	if err := opts.Topology.validate(); err != nil {
 		return nil, err
 	}
 	if opts.Prefetch < 0 {
-		return nil, fmt.Errorf("%w: negative Prefetch", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: negative Prefetch", core.ErrInvalidOptions)
 	}
 	if opts.Prefetch == 0 {
 		opts.Prefetch = 16

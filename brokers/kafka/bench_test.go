@@ -11,6 +11,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 )
 
@@ -64,7 +65,7 @@ func BenchmarkPublish(b *testing.B) {
 		run(b, func(ctx context.Context, evs []core.Event) error {
 			recs := make([]*sarama.ProducerMessage, len(evs))
 			for i := range evs {
-				recs[i], _ = m.Marshal(et, core.NewMessage(ctx, &evs[i]))
+				recs[i], _ = m.Marshal(et, watermillbroker.NewMessage(ctx, &evs[i]))
 				if perRecord {
 					if _, _, err := prod.SendMessage(recs[i]); err != nil {
 						return err
@@ -88,6 +89,6 @@ func BenchmarkPublish(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer pub.Close()
-		run(b, core.NewWatermillPublisher(pub, nil).Publish)
+		run(b, watermillbroker.NewPublisher(pub, watermillbroker.Options{}).Publish)
 	})
 }

@@ -6,7 +6,7 @@
 // The topic is the event type, or what Options.Topic returns (TopicMap
 // renames some). The message key is the aggregate ID, so that one
 // aggregate's events land on one partition, in order; the Publisher reports
-// so (core.OrderingPublisher), which turns on the relay's ordered mode under
+// so (core.PublisherCapabilities), which turns on the relay's ordered mode under
 // core.OrderingAuto. The producer waits for all in-sync replicas (acks=all)
 // and is idempotent, so a retry inside the client does not write a record
 // twice. The event's headers (event_id,
@@ -29,12 +29,11 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 )
 
 var (
-	// ErrInvalidOptions is wrapped by errors that reject a configuration.
-	ErrInvalidOptions = errors.New("kafkabroker: invalid options")
 	// ErrPublish is wrapped by the error of an event Kafka did not take.
 	ErrPublish = errors.New("kafkabroker: publish failed")
 	// ErrClosed is returned by Publish after Close.
@@ -132,16 +131,13 @@ type ack struct {
 	err error
 }
 
-var (
-	_ core.Publisher         = (*Publisher)(nil)
-	_ core.OrderingPublisher = (*Publisher)(nil)
-)
+var _ core.Publisher = (*Publisher)(nil)
 
 // NewPublisher connects to Kafka and returns a Publisher. Close it to close
 // the producer.
 func NewPublisher(opts Options) (*Publisher, error) {
 	if len(opts.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: no Brokers", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: no Brokers", core.ErrInvalidOptions)
 	}
 	if opts.Topic == nil {
 		opts.Topic = core.TopicByEventType
@@ -151,11 +147,11 @@ func NewPublisher(opts Options) (*Publisher, error) {
 		cfg = NewSaramaConfig()
 	}
 	if !cfg.Version.IsAtLeast(sarama.V0_11_0_0) {
-		return nil, fmt.Errorf("%w: Kafka version %s is too old for the idempotent producer (0.11+)", ErrInvalidOptions, cfg.Version)
+		return nil, fmt.Errorf("%w: Kafka version %s is too old for the idempotent producer (0.11+)", core.ErrInvalidOptions, cfg.Version)
 	}
 	producerSafety(cfg)
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: sarama: %w", ErrInvalidOptions, err)
+		return nil, fmt.Errorf("%w: sarama: %w", core.ErrInvalidOptions, err)
 	}
 	// watermill-kafka's Publisher sends one record per round trip
 	// (SendMessage in a loop); a batch goes out together instead. The
@@ -229,7 +225,7 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 			be.Errs[i] = fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID)
 			continue
 		}
-		rec, err := p.marshal.Marshal(topic, core.NewMessage(ctx, ev))
+		rec, err := p.marshal.Marshal(topic, watermillbroker.NewMessage(ctx, ev))
 		if err != nil {
 			be.Errs[i] = fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err)
 			continue
@@ -269,16 +265,17 @@ func (p *Publisher) await(ctx context.Context, events []core.Event, acks <-chan 
 	return be.ErrOrNil()
 }
 
-// PreservesAggregateOrder implements core.OrderingPublisher: true, so that
-// a relay with the default core.OrderingAuto and an ordered store runs in
-// ordered mode. The record key is the aggregate ID and the partitioner
+// Capabilities implements core.Publisher: PreservesAggregateOrder, so that
+// a relay with the default core.OrderingAuto runs in ordered mode. The record key is the aggregate ID and the partitioner
 // hashes it (NewPublisher enforces both), so an aggregate's events of one
 // topic land on one partition; the idempotent producer with one request in
 // flight keeps a partition's order across sarama's retries, and a batch's
 // records enter the producer in the batch's order. Order holds per topic: events of one
 // aggregate that Options.Topic sends to different topics are ordered within
 // each topic only. Events without an aggregate ID have no key and no order.
-func (p *Publisher) PreservesAggregateOrder() bool { return true }
+func (p *Publisher) Capabilities() core.PublisherCapabilities {
+	return core.PublisherCapabilities{PreservesAggregateOrder: true}
+}
 
 // Close flushes and closes the producer: it waits for the records in flight
 // (sarama's own timeouts and retries bound that).
@@ -335,10 +332,10 @@ type SubscriberOptions struct {
 // redelivered.
 func NewSubscriber(opts SubscriberOptions) (*wkafka.Subscriber, error) {
 	if len(opts.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: no Brokers", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: no Brokers", core.ErrInvalidOptions)
 	}
 	if opts.ConsumerGroup == "" {
-		return nil, fmt.Errorf("%w: ConsumerGroup is empty", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: ConsumerGroup is empty", core.ErrInvalidOptions)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

@@ -307,8 +307,8 @@ func TestSaramaConfigIsMadeSafe(t *testing.T) {
 	}
 	old := sarama.NewConfig()
 	old.Version = sarama.V0_10_2_0
-	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: cl.addrs, Sarama: old}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
-		t.Errorf("Kafka 0.10: NewPublisher = %v, want ErrInvalidOptions", err)
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: cl.addrs, Sarama: old}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("Kafka 0.10: NewPublisher = %v, want core.ErrInvalidOptions", err)
 	}
 }
 
@@ -378,15 +378,15 @@ func TestConsumerGroupSharesPartitions(t *testing.T) {
 }
 
 func TestInvalidOptions(t *testing.T) {
-	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("no brokers: %v", err)
 	}
 	bad := kafkabroker.NewSaramaConfig()
 	bad.Producer.MaxMessageBytes = 0
-	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, Sarama: bad}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, Sarama: bad}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("invalid sarama config: %v", err)
 	}
-	if _, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: []string{"x:1"}}); !errors.Is(err, kafkabroker.ErrInvalidOptions) {
+	if _, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: []string{"x:1"}}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("no group: %v", err)
 	}
 }

@@ -9,10 +9,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/ordered"
 )
 
 // TestOrderingAutoTurnsOrderedModeOn checks that the Kafka publisher reports
@@ -29,7 +29,7 @@ func TestOrderingAutoTurnsOrderedModeOn(t *testing.T) {
 		t.Fatalf("NewPublisher: %v", err)
 	}
 	defer pub.Close()
-	if !pub.PreservesAggregateOrder() {
+	if !pub.Capabilities().PreservesAggregateOrder {
 		t.Fatal("PreservesAggregateOrder() = false, want true")
 	}
 
@@ -38,9 +38,9 @@ func TestOrderingAutoTurnsOrderedModeOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	store, err := ordered.NewStore(db, dialect.SQLite, ordered.StoreOptions{})
+	store, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: dialect.SQLite})
 	if err != nil {
-		t.Fatalf("ordered.NewStore: %v", err)
+		t.Fatalf("sqlxoutbox.NewDB: %v", err)
 	}
 	quietLog := slog.New(slog.DiscardHandler)
 	relay, err := core.NewRelay(store, pub, core.RelayOptions{Ordering: core.OrderingAuto, Logger: quietLog})

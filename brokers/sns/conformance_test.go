@@ -30,7 +30,7 @@ func newFixture(k fixtureKind) outboxtest.NewBrokerFunc {
 			client = newSNSClient(t, newFront(t, g.endpoint).URL())
 			opts.MaxBatchSize = 0 // default: 10
 		}
-		pub, err := snsbroker.New(client, opts)
+		pub, err := snsbroker.NewPublisher(client, opts)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,7 @@
 // message.Publisher.
 //
 //	client, err := snsbroker.NewClient(ctx, snsbroker.ClientOptions{Region: "eu-west-1"})
-//	pub, err := snsbroker.New(client, snsbroker.Options{CreateTopics: true})
+//	pub, err := snsbroker.NewPublisher(client, snsbroker.Options{CreateTopics: true})
 //	relay, err := core.NewRelay(store, pub, core.RelayOptions{})
 //
 // Topics: Options.Topic names an event's topic (default TopicName of the
@@ -32,8 +32,7 @@
 // the group's later events of the same batch are held back
 // (ErrEarlierFailed) so that the retry cannot be overtaken. Set
 // Options.FIFOOnly when every topic is a FIFO topic: the publisher then
-// reports that it keeps aggregate order (core.OrderingPublisher), so a relay
-// with the default core.OrderingAuto and an ordered store runs in ordered
-// mode, and it refuses events bound for a standard topic (ErrNotFIFO).
+// reports that it keeps aggregate order (core.PublisherCapabilities), so a
+// relay with the default core.OrderingAuto runs in ordered mode, and it refuses events bound for a standard topic (ErrNotFIFO).
 // Standard topics do not keep order, so without FIFOOnly it reports false.
 package snsbroker

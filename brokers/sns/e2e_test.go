@@ -24,7 +24,7 @@ func newStore(t *testing.T) *outboxtest.StoreFixture {
 func newOutageBroker(t *testing.T) *outboxtest.BrokerFixture {
 	g := newGoaws(t)
 	f := newFront(t, g.endpoint)
-	pub, err := snsbroker.New(newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Logger: quiet})
+	pub, err := snsbroker.NewPublisher(newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

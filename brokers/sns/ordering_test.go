@@ -13,10 +13,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
 	_ "modernc.org/sqlite"
 
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/ordered"
 )
 
 // acceptingAPI confirms every entry of every call and counts the calls.
@@ -51,9 +51,9 @@ func TestOrderingAutoFIFOOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	store, err := ordered.NewStore(db, dialect.SQLite, ordered.StoreOptions{})
+	store, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: dialect.SQLite})
 	if err != nil {
-		t.Fatalf("ordered.NewStore: %v", err)
+		t.Fatalf("sqlxoutbox.NewDB: %v", err)
 	}
 	quietLog := slog.New(slog.DiscardHandler)
 	for _, tc := range []struct {
@@ -67,11 +67,11 @@ func TestOrderingAutoFIFOOnly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.opts.Logger = quietLog
-			pub, err := snsbroker.New(&acceptingAPI{}, tc.opts)
+			pub, err := snsbroker.NewPublisher(&acceptingAPI{}, tc.opts)
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
-			if got := pub.PreservesAggregateOrder(); got != tc.want {
+			if got := pub.Capabilities().PreservesAggregateOrder; got != tc.want {
 				t.Errorf("PreservesAggregateOrder() = %t, want %t", got, tc.want)
 			}
 			relay, err := core.NewRelay(store, pub, core.RelayOptions{Ordering: core.OrderingAuto, Logger: quietLog})
@@ -90,7 +90,7 @@ func TestOrderingAutoFIFOOnly(t *testing.T) {
 // for FIFO topics go out.
 func TestFIFOOnlyRefusesStandardTopics(t *testing.T) {
 	api := &acceptingAPI{}
-	pub, err := snsbroker.New(api, snsbroker.Options{
+	pub, err := snsbroker.NewPublisher(api, snsbroker.Options{
 		TopicARNs: map[string]string{
 			"orders.fifo": "arn:aws:sns:eu-west-1:000000000000:orders.fifo",
 			"audit":       "arn:aws:sns:eu-west-1:000000000000:audit",

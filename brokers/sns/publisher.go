@@ -116,7 +116,7 @@ type Options struct {
 	// FIFOOnly declares that every event goes to a FIFO topic, so that the
 	// publisher keeps each aggregate's events in order (the aggregate ID is
 	// the message group) and reports so to the relay
-	// (PreservesAggregateOrder), which then runs in ordered mode under
+	// (Capabilities), which then runs in ordered mode under
 	// core.OrderingAuto. The publisher holds to it: an event whose topic
 	// ARN does not name a FIFO topic is not sent and fails with ErrNotFIFO.
 	// Default false: the topics come from Topic, TopicARNs, CreateTopics
@@ -197,22 +197,21 @@ type Publisher struct {
 	closed atomic.Bool
 }
 
-var (
-	_ core.Publisher         = (*Publisher)(nil)
-	_ core.OrderingPublisher = (*Publisher)(nil)
-)
+var _ core.Publisher = (*Publisher)(nil)
 
-// PreservesAggregateOrder implements core.OrderingPublisher: it is
-// Options.FIFOOnly. Only FIFO topics keep order (per message group, which is
-// the aggregate ID); without FIFOOnly the publisher cannot tell that every
-// topic it will be handed is one, and reports false.
-func (p *Publisher) PreservesAggregateOrder() bool { return p.opts.FIFOOnly }
+// Capabilities implements core.Publisher. PreservesAggregateOrder is
+// Options.FIFOOnly: only FIFO topics keep order (per message group, which
+// is the aggregate ID); without FIFOOnly the publisher cannot tell that
+// every topic it will be handed is one, and reports false.
+func (p *Publisher) Capabilities() core.PublisherCapabilities {
+	return core.PublisherCapabilities{PreservesAggregateOrder: p.opts.FIFOOnly}
+}
 
-// New returns a Publisher sending through api, usually an *sns.Client (see
-// NewClient).
-func New(api API, opts Options) (*Publisher, error) {
+// NewPublisher returns a Publisher sending through api, usually an
+// *sns.Client (see NewClient).
+func NewPublisher(api API, opts Options) (*Publisher, error) {
 	if api == nil {
-		return nil, fmt.Errorf("%w: snsbroker: New needs an SNS client", core.ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: snsbroker.NewPublisher needs an SNS client", core.ErrInvalidOptions)
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {

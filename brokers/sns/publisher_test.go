@@ -46,7 +46,7 @@ func byEventID(ds []delivered) map[string]int {
 
 func newPublisher(t *testing.T, api snsbroker.API, opts snsbroker.Options) *snsbroker.Publisher {
 	t.Helper()
-	p, err := snsbroker.New(api, opts)
+	p, err := snsbroker.NewPublisher(api, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,14 +547,14 @@ func TestOptionsValidation(t *testing.T) {
 		"OverflowName":     {OverflowAttribute: "AWS.x"},
 		"Concurrency<0":    {Concurrency: -1},
 	} {
-		if _, err := snsbroker.New(client, o); !errors.Is(err, core.ErrInvalidOptions) {
+		if _, err := snsbroker.NewPublisher(client, o); !errors.Is(err, core.ErrInvalidOptions) {
 			t.Errorf("%s: New = %v, want ErrInvalidOptions", name, err)
 		}
 	}
-	if _, err := snsbroker.New(nil, snsbroker.Options{}); !errors.Is(err, core.ErrInvalidOptions) {
-		t.Errorf("New(nil) = %v, want ErrInvalidOptions", err)
+	if _, err := snsbroker.NewPublisher(nil, snsbroker.Options{}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("NewPublisher(nil) = %v, want ErrInvalidOptions", err)
 	}
-	if _, err := snsbroker.New(client, snsbroker.Options{}); err != nil {
+	if _, err := snsbroker.NewPublisher(client, snsbroker.Options{}); err != nil {
 		t.Errorf("New with zero Options: %v", err)
 	}
 }

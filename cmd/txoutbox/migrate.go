@@ -14,7 +14,7 @@ func (a *app) migrateCommand() *cobra.Command {
 	var (
 		inboxTable, migrationsTable, dialectName string
 		skipInbox, skipOutbox, print             bool
-		partitioned, orderedMode                 bool
+		partitioned, skipOrdered, orderedFlag    bool
 		ahead                                    int
 	)
 	cmd := &cobra.Command{
@@ -35,17 +35,18 @@ no DELETE, no VACUUM debt. Pass --partitioned to cleanup (and relay
 ahead. Decide before the table exists: an existing plain table is not
 converted.
 
-With --ordered it also creates what ordered mode needs (relay --ordering on):
-two partial indexes for the ordered claim and, on PostgreSQL, the partition
-lease tables. Producers pay one more index entry per event for them, so they
-are left out unless asked for.`,
+It also creates what ordered mode needs (on by default with Kafka and SNS
+FIFO): two partial indexes for the ordered claim and, on PostgreSQL, the
+partition lease tables. An outbox that is only ever relayed unordered can
+leave them out with --skip-ordered, sparing producers one index entry per
+event.`,
 		Example: `  txoutbox migrate --dsn 'postgres://app:secret@localhost:5432/app?sslmode=disable'
 
   # A producer-only database, with a custom table name:
   txoutbox migrate --table billing.outbox --skip-inbox
 
-  # Per-aggregate order with several relays:
-  txoutbox migrate --ordered
+  # An outbox relayed only unordered (RabbitMQ), without ordered mode's index:
+  txoutbox migrate --skip-ordered
 
   # A high-volume outbox: one partition per day, retention by DROP.
   txoutbox migrate --partitioned
@@ -56,7 +57,10 @@ are left out unless asked for.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts := dialect.MigrateOptions{
 				Table: a.table, InboxTable: inboxTable, MigrationsTable: migrationsTable,
-				SkipInbox: skipInbox, SkipOutbox: skipOutbox, Logger: a.log,
+				SkipInbox: skipInbox, SkipOutbox: skipOutbox, SkipOrdered: skipOrdered, Logger: a.log,
+			}
+			if orderedFlag && skipOrdered {
+				return usagef("--ordered and --skip-ordered contradict each other (ordered mode's schema is part of the default migrations)")
 			}
 			if skipInbox && skipOutbox {
 				return usagef("--skip-inbox and --skip-outbox together leave nothing to migrate")
@@ -68,7 +72,7 @@ are left out unless asked for.`,
 				}
 				var ms []dialect.Migration
 				if partitioned && !skipOutbox {
-					pms, err := dialect.PartitionedMigrations(d, partitionOptions(a, ahead, migrationsTable))
+					pms, err := dialect.PartitionedMigrations(d, partitionOptions(a, ahead, migrationsTable, skipOrdered))
 					if err != nil {
 						return err
 					}
@@ -81,13 +85,6 @@ are left out unless asked for.`,
 						return err
 					}
 					ms = append(ms, more...)
-				}
-				if orderedMode {
-					oms, err := dialect.OrderedMigrations(d, orderedOpts(a, migrationsTable))
-					if err != nil {
-						return err
-					}
-					ms = append(ms, oms...)
 				}
 				for _, m := range ms {
 					fmt.Fprintf(a.stdout, "-- %s %s v%d: %s\n%s\n\n", m.Component, m.Table, m.Version, m.Name, m.SQL)
@@ -105,7 +102,7 @@ are left out unless asked for.`,
 			defer db.Close()
 			start := time.Now()
 			if partitioned && !skipOutbox {
-				if err := dialect.MigratePartitioned(cmd.Context(), db.db, db.dialect, partitionOptions(a, ahead, migrationsTable)); err != nil {
+				if err := dialect.MigratePartitioned(cmd.Context(), db.db, db.dialect, partitionOptions(a, ahead, migrationsTable, skipOrdered)); err != nil {
 					return fmt.Errorf("migrate partitioned outbox on %s: %w", db.redacted, err)
 				}
 				opts.SkipOutbox = true
@@ -113,11 +110,6 @@ are left out unless asked for.`,
 			if !opts.SkipInbox || !opts.SkipOutbox {
 				if err := dialect.Migrate(cmd.Context(), db.db, db.dialect, opts); err != nil {
 					return fmt.Errorf("migrate %s: %w", db.redacted, err)
-				}
-			}
-			if orderedMode {
-				if err := dialect.MigrateOrdered(cmd.Context(), db.db, db.dialect, orderedOpts(a, migrationsTable)); err != nil {
-					return fmt.Errorf("migrate ordered mode on %s: %w", db.redacted, err)
 				}
 			}
 			a.log.Info("txoutbox: migrations applied", "database", db.redacted, "dialect", db.dialect.Name(),
@@ -133,7 +125,9 @@ are left out unless asked for.`,
 	f.BoolVar(&skipInbox, "skip-inbox", false, "leave the inbox table out (producer-only database)")
 	f.BoolVar(&skipOutbox, "skip-outbox", false, "leave the outbox table out (consumer-only database)")
 	f.BoolVar(&print, "print", false, "print the SQL instead of applying it (needs no database)")
-	f.BoolVar(&orderedMode, "ordered", false, "also create the indexes and lease tables of ordered mode (relay --ordering on)")
+	f.BoolVar(&skipOrdered, "skip-ordered", false, "leave out ordered mode's indexes and lease tables (an outbox relayed only unordered)")
+	f.BoolVar(&orderedFlag, "ordered", false, "no effect: ordered mode's schema is part of the default migrations")
+	_ = f.MarkDeprecated("ordered", "ordered mode's schema is now part of the default migrations; drop the flag")
 	f.BoolVar(&partitioned, "partitioned", false, "PostgreSQL: partition the outbox table by day (retention drops partitions)")
 	f.IntVar(&ahead, "partitions-ahead", dialect.DefaultPartitionsAhead, "with --partitioned: daily partitions kept created ahead, today included")
 	f.StringVar(&dialectName, "dialect", "", "with --print: postgres or sqlite (default: from --dsn, else postgres)")
@@ -158,14 +152,9 @@ func (a *app) printDialect(name string) (dialect.Dialect, error) {
 	return dialect.Postgres, nil
 }
 
-// orderedOpts are the options of the ordered-mode migrations.
-func orderedOpts(a *app, migrationsTable string) dialect.MigrateOptions {
-	return dialect.MigrateOptions{Table: a.table, MigrationsTable: migrationsTable, Logger: a.log}
-}
-
 // partitionOptions are the options of a partitioned outbox table.
-func partitionOptions(a *app, ahead int, migrationsTable string) dialect.PartitionOptions {
-	return dialect.PartitionOptions{Table: a.table, Ahead: ahead, MigrationsTable: migrationsTable, Logger: a.log}
+func partitionOptions(a *app, ahead int, migrationsTable string, skipOrdered bool) dialect.PartitionOptions {
+	return dialect.PartitionOptions{Table: a.table, Ahead: ahead, MigrationsTable: migrationsTable, SkipOrdered: skipOrdered, Logger: a.log}
 }
 
 func orDefault(s, def string) string {

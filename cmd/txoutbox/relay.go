@@ -158,14 +158,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if err != nil {
 		return err
 	}
-	store, ordering, leaser, err := a.relayStore(db, ob, pub, ordering, f.partitions, f.drain)
-	if err != nil {
-		return err
-	}
-	if l, ok := leaser.(*ordered.Leaser); ok {
-		registerLeaserMetrics(reg, l)
-	}
-	relay, err := core.NewRelay(met.Store(store), met.Publisher(pub), core.RelayOptions{
+	relay, err := core.NewRelay(met.Store(ob), met.Publisher(pub), core.RelayOptions{
 		BatchSize:       f.batchSize,
 		PollInterval:    f.pollInterval,
 		Concurrency:     f.concurrency,
@@ -174,10 +167,13 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		Retry:           core.RetryPolicy{MaxAttempts: f.maxAttempts, InitialBackoff: f.initialBackoff, MaxBackoff: f.maxBackoff},
 		Logger:          a.log,
 		Ordering:        ordering,
-		Ordered:         core.OrderedOptions{Leaser: leaser, DeadLetter: deadLetter, PartitionCount: partitionCount(leaser, f.partitions)},
+		Ordered:         core.OrderedOptions{DeadLetter: deadLetter, PartitionCount: f.partitions},
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	if l, ok := relay.Leaser().(*ordered.Leaser); ok {
+		registerLeaserMetrics(reg, l)
 	}
 	mon, err := core.NewMonitor(ob, met.MonitorOptions(core.MonitorOptions{Interval: f.statsInterval, Logger: a.log}))
 	if err != nil {
@@ -247,9 +243,6 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		return nil
 	}
 	if err := relay.Run(ctx); err != nil {
-		if relay.Ordered() {
-			return fmt.Errorf("%w (ordered mode needs 'txoutbox migrate --ordered')", err)
-		}
 		return err
 	}
 	stopping.Store(true)
@@ -257,41 +250,6 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	a.log.Info("txoutbox: relay stopped", "batches", c.Batches, "published", c.Published, "failed", c.Failed,
 		"dead_lettered", c.DeadLettered, "released", c.Released, "uptime", time.Since(start).Round(time.Millisecond))
 	return nil
-}
-
-// relayStore chooses the store the relay claims from. Ordered mode (asked
-// for, or auto with a broker that keeps per-key order) claims through
-// package ordered, with a partition leaser on PostgreSQL so that several
-// relays share the partitions; otherwise the sqlx Outbox claims. Either way
-// producers write with any adapter: only claiming differs.
-//
-// A draining relay takes no leases: the leaser runs only inside Relay.Run,
-// so it would hold no partition and drain nothing. It claims from every
-// partition instead, which the store's per-partition locks keep safe beside
-// running relays that use the same --ordered-partitions.
-func (a *app) relayStore(db *database, ob *sqlxoutbox.Outbox, pub core.Publisher, mode core.OrderingMode, partitions int, drain bool) (core.Store, core.OrderingMode, core.PartitionLeaser, error) {
-	if mode == core.OrderingOff {
-		return ob, mode, nil, nil
-	}
-	if mode == core.OrderingAuto {
-		op, ok := pub.(core.OrderingPublisher)
-		if !ok || !op.PreservesAggregateOrder() {
-			return ob, core.OrderingOff, nil, nil
-		}
-	}
-	st, err := ordered.NewStore(db.db, db.dialect, ordered.StoreOptions{Table: a.table, Logger: a.log})
-	if err != nil {
-		return nil, mode, nil, fmt.Errorf("%w: %w", ErrUsage, err)
-	}
-	if db.dialect.MaxConcurrency() == 1 || drain {
-		// SQLite: one relay, no partitions to share.
-		return st, core.OrderingOn, nil, nil
-	}
-	l, err := ordered.NewLeaser(db.db, db.dialect, ordered.LeaserOptions{Table: a.table, PartitionCount: partitions, Logger: a.log})
-	if err != nil {
-		return nil, mode, nil, fmt.Errorf("%w: %w", ErrUsage, err)
-	}
-	return st, core.OrderingOn, l, nil
 }
 
 // registerLeaserMetrics exposes the partition leases of ordered mode: how
@@ -312,15 +270,6 @@ func registerLeaserMetrics(reg prometheus.Registerer, l *ordered.Leaser) {
 			Help: "Leases this relay found taken by another relay (it stalled past the lease)."},
 			func() float64 { return float64(l.Stats().Lost) }),
 	)
-}
-
-// partitionCount is OrderedOptions.PartitionCount: the leaser's count when
-// there is one (core requires them to agree), else the flag.
-func partitionCount(l core.PartitionLeaser, flag int) int {
-	if l != nil {
-		return 0
-	}
-	return flag
 }
 
 // healthReport is the body of /healthz.

@@ -40,6 +40,9 @@ type sink struct {
 	accepted  atomic.Int64
 }
 
+// Capabilities implements core.Publisher: a sink promises no order.
+func (s *sink) Capabilities() core.PublisherCapabilities { return core.PublisherCapabilities{} }
+
 func newSink(u *url.URL, stdout io.Writer, log *slog.Logger) (*sink, error) {
 	s := &sink{failTypes: map[string]bool{}, failOnce: map[string]bool{}, log: log}
 	if u.Scheme == "log" {

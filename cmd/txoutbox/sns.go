@@ -51,7 +51,7 @@ func openSNS(ctx context.Context, rawURL string, log *slog.Logger) (publisher, e
 	if err != nil {
 		return nil, fmt.Errorf("sns client: %w", err)
 	}
-	p, err := snsbroker.New(client, opts)
+	p, err := snsbroker.NewPublisher(client, opts)
 	if err != nil {
 		return nil, fmt.Errorf("sns publisher: %w", err)
 	}

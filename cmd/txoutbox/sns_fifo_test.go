@@ -5,8 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"testing"
-
-	"github.com/txoutbox/txoutbox/core"
 )
 
 func TestOpenSNSFIFOOnly(t *testing.T) {
@@ -21,9 +19,8 @@ func TestOpenSNSFIFOOnly(t *testing.T) {
 		if err != nil {
 			t.Fatalf("openSNS(%s): %v", url, err)
 		}
-		op, ok := p.(core.OrderingPublisher)
-		if !ok || op.PreservesAggregateOrder() != want {
-			t.Errorf("openSNS(%s): OrderingPublisher %t, PreservesAggregateOrder want %t", url, ok, want)
+		if got := p.Capabilities().PreservesAggregateOrder; got != want {
+			t.Errorf("openSNS(%s): PreservesAggregateOrder %t, want %t", url, got, want)
 		}
 		p.Close()
 	}

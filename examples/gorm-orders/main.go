@@ -34,6 +34,7 @@ import (
 	_ "modernc.org/sqlite" // the pure-Go "sqlite" database/sql driver
 
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 )
 
@@ -146,21 +147,22 @@ func newApp(ctx context.Context, dsn, file string, log *slog.Logger) (*app, erro
 		return nil, fmt.Errorf("migrate outbox: %w", err)
 	}
 
+	// Installed on the *gorm.DB of gorm.Open, which every session derives
+	// from.
+	if err := db.Use(gormoutbox.Plugin{}); err != nil {
+		return nil, fmt.Errorf("install the outbox plugin: %w", err)
+	}
 	broker := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, watermill.NewSlogLogger(log))
+	pub := watermillbroker.NewPublisher(broker, watermillbroker.Options{})
 	store, err := gormoutbox.NewStore(db, gormoutbox.StoreOptions{Logger: log})
 	if err != nil {
 		return nil, err
 	}
-	// The poll is only the fallback: the plugin wakes the relay after
-	// every commit that wrote events.
-	relay, err := core.NewRelay(store, core.NewWatermillPublisher(broker, nil), core.RelayOptions{PollInterval: 5 * time.Second, Logger: log})
+	// The poll is only the fallback: the plugin's commits wake the relay
+	// running on the store.
+	relay, err := core.NewRelay(store, pub, core.RelayOptions{PollInterval: 5 * time.Second, Logger: log})
 	if err != nil {
 		return nil, err
-	}
-	// Installed on the *gorm.DB of gorm.Open, which every session derives
-	// from.
-	if err := db.Use(gormoutbox.Plugin{Notifier: relay}); err != nil {
-		return nil, fmt.Errorf("install the outbox plugin: %w", err)
 	}
 	return &app{db: db, relay: relay, broker: broker, log: log}, nil
 }

@@ -45,6 +45,7 @@ import (
 	_ "modernc.org/sqlite" // the pure-Go "sqlite" database/sql driver
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
@@ -245,7 +246,8 @@ func openBroker(cfg config) (*broker, error) {
 	switch cfg.Broker {
 	case "gochannel":
 		ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NewSlogLogger(cfg.Log))
-		return &broker{sub: ps, poison: ps, demo: core.NewWatermillPublisher(ps, topic), close: func() { ps.Close() }}, nil
+		demo := watermillbroker.NewPublisher(ps, watermillbroker.Options{Topic: topic})
+		return &broker{sub: ps, poison: ps, demo: demo, close: func() { ps.Close() }}, nil
 	case "amqp":
 		if cfg.AMQPURL == "" {
 			return nil, errors.New("-broker amqp needs -amqp or TXOUTBOX_AMQP_URL")

@@ -22,6 +22,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -87,8 +88,9 @@ func run(orders int, failRate, lostAckRate float64, verbose bool) (summary, erro
 	// refuses some events and loses the acknowledgement of others.
 	broker := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1024}, watermill.NopLogger{})
 	defer broker.Close()
+	pub := watermillbroker.NewPublisher(broker, watermillbroker.Options{})
 	flaky := &outboxtest.Faulty{
-		Inner:             core.NewWatermillPublisher(broker, nil),
+		Inner:             pub,
 		FailRate:          failRate,
 		FailAfterSendRate: lostAckRate,
 		Seed:              7,
@@ -111,16 +113,13 @@ func run(orders int, failRate, lostAckRate float64, verbose bool) (summary, erro
 	}()
 
 	// 4. The outbox and its relay, in the same process: Enqueue wakes the
-	// relay, so events go out without waiting for the poll interval.
-	var relay *core.Relay
-	outbox, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{
-		Notifier: core.NotifierFunc(func() { relay.Notify() }),
-		Logger:   log,
-	})
+	// relay running on the outbox, so events go out without waiting for
+	// the poll interval.
+	outbox, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Logger: log})
 	if err != nil {
 		return summary{}, err
 	}
-	relay, err = core.NewRelay(outbox, flaky, core.RelayOptions{
+	relay, err := core.NewRelay(outbox, flaky, core.RelayOptions{
 		PollInterval: 100 * time.Millisecond,
 		Retry:        core.RetryPolicy{InitialBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond},
 		Logger:       log,

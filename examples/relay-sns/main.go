@@ -114,7 +114,7 @@ func run(ctx context.Context, c config, log *slog.Logger) (core.RelayCounters, e
 	if err != nil {
 		return core.RelayCounters{}, err
 	}
-	pub, err := snsbroker.New(client, snsbroker.Options{
+	pub, err := snsbroker.NewPublisher(client, snsbroker.Options{
 		CreateTopics:   c.CreateTopics,
 		TopicARNPrefix: c.TopicARNPrefix,
 		MaxBatchSize:   c.MaxBatch,

@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
+	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
@@ -81,7 +82,7 @@ func TestExactlyOnceGORM(t *testing.T) {
 	broker := func(t *testing.T) *outboxtest.BrokerFixture {
 		ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 		t.Cleanup(func() { ps.Close() })
-		return &outboxtest.BrokerFixture{Publisher: core.NewWatermillPublisher(ps, nil), Subscriber: ps}
+		return &outboxtest.BrokerFixture{Publisher: watermillbroker.NewPublisher(ps, watermillbroker.Options{}), Subscriber: ps}
 	}
 	outboxtest.RunExactlyOnce(t, producer, broker, func(t *testing.T) *outboxtest.InboxFixture { return newFixture(t, "postgres") })
 }

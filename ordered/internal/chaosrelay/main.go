@@ -20,6 +20,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
@@ -108,7 +109,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	store, err := ordered.NewStore(db, dialect.Postgres, ordered.StoreOptions{Logger: log})
+	store, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: dialect.Postgres, Logger: log})
 	if err != nil {
 		return err
 	}
