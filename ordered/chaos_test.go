@@ -63,9 +63,6 @@ func TestOutageChaosOrdered(t *testing.T) {
 	if err := dialect.Migrate(ctx, db, dialect.Postgres, mopts); err != nil {
 		t.Fatal(err)
 	}
-	if err := dialect.MigrateOrdered(ctx, db, dialect.Postgres, mopts); err != nil {
-		t.Fatal(err)
-	}
 	bin := buildChaosRelay(t)
 
 	// The events, in enqueue order: event i is the (i / numAggs)-th of

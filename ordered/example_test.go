@@ -6,6 +6,7 @@ import (
 	"log"
 	"time"
 
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/ordered"
@@ -21,16 +22,18 @@ func ExampleNewLeaser() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Once, after dialect.Migrate: the ordered claim's indexes and the lease
+	// Once: the outbox, with the ordered claim's indexes and the lease
 	// tables.
-	if err := dialect.MigrateOrdered(ctx, db, dialect.Postgres, dialect.MigrateOptions{}); err != nil {
+	if err := dialect.Migrate(ctx, db, dialect.Postgres, dialect.MigrateOptions{}); err != nil {
 		log.Fatal(err)
 	}
-	leaser, err := ordered.NewLeaser(db, dialect.Postgres, ordered.LeaserOptions{LeaseTTL: 10 * time.Second})
+	// The store would build a leaser with the defaults by itself; build one
+	// to name the owner or tune the lease.
+	leaser, err := ordered.NewLeaser(db, dialect.Postgres, ordered.LeaserOptions{Owner: "relay-1", LeaseTTL: 10 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
-	store, err := ordered.NewStore(db, dialect.Postgres, ordered.StoreOptions{})
+	store, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

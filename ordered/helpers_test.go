@@ -11,10 +11,10 @@ import (
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
-	"github.com/txoutbox/txoutbox/ordered"
 )
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -28,7 +28,8 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// migrated opens a fresh, migrated database of d (ordered component too).
+// migrated opens a fresh, migrated database of d (ordered mode's schema
+// is part of the default migrations).
 func migrated(t testing.TB, d dialect.Dialect) *sql.DB {
 	t.Helper()
 	var db *sql.DB
@@ -47,11 +48,8 @@ func migrated(t testing.TB, d dialect.Dialect) *sql.DB {
 	if err := dialect.Migrate(ctx, db, d, opts); err != nil {
 		t.Fatal(err)
 	}
-	if err := dialect.MigrateOrdered(ctx, db, d, opts); err != nil {
-		t.Fatal(err)
-	}
 	// Idempotent: a second run applies nothing.
-	if err := dialect.MigrateOrdered(ctx, db, d, opts); err != nil {
+	if err := dialect.Migrate(ctx, db, d, opts); err != nil {
 		t.Fatal(err)
 	}
 	return db
@@ -126,9 +124,9 @@ func aggNames(n int) []string {
 	return out
 }
 
-func newStore(t testing.TB, db *sql.DB, d dialect.Dialect) *ordered.Store {
+func newStore(t testing.TB, db *sql.DB, d dialect.Dialect) *sqlxoutbox.Outbox {
 	t.Helper()
-	s, err := ordered.NewStore(db, d, ordered.StoreOptions{Logger: testLogger(t)})
+	s, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: d, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

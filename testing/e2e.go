@@ -10,17 +10,15 @@ import (
 )
 
 // e2eRelayOptions are quick to retry, so that the suite finishes in seconds.
-func e2eRelayOptions(t *testing.T, f *StoreFixture) core.RelayOptions {
-	o := core.RelayOptions{
+// Two workers, unless the store serves fewer.
+func e2eRelayOptions(t *testing.T) core.RelayOptions {
+	return core.RelayOptions{
 		BatchSize:    25,
 		PollInterval: 50 * time.Millisecond,
+		Concurrency:  2,
 		Retry:        core.RetryPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, MaxAttempts: 1000},
 		Logger:       testLogger(t),
 	}
-	if f.ConcurrentClaims {
-		o.Concurrency = 2
-	}
-	return o
 }
 
 // startRelay runs a relay until the test ends and waits for it to stop.
@@ -53,12 +51,12 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 		col := Collect(t, b.Subscriber, b.topic(et))
 		committed := suiteEvents(t, et, 60, 6)
 		rolledBack := suiteEvents(t, et, 20, 6)
-		startRelay(t, f, b.Publisher, e2eRelayOptions(t, f))
+		startRelay(t, f, b.Publisher, e2eRelayOptions(t))
 		for i := 0; i < len(committed); i += 15 {
 			mustEnqueue(t, f, committed[i:i+15], true)
 			mustEnqueue(t, f, rolledBack[i/3:i/3+5], false)
 		}
-		ctx, cancel := timeout(t, deliveryTimeout)
+		ctx, cancel := timeout(t, b.deliveryTimeout(t))
 		defer cancel()
 		got := col.Wait(ctx, ids(committed))
 		// No order check here: this relay runs unordered workers. Brokers
@@ -75,25 +73,28 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 		}
 	})
 
-	t.Run("WakeUpBeatsPollInterval", func(t *testing.T) {
+	// A relay built on a store that offers a wake-up signal is woken by
+	// the store's own writes in this process, with no wiring: the poll
+	// interval here is an hour.
+	t.Run("StoreWakesItsRelay", func(t *testing.T) {
 		t.Parallel()
 		f, b := newStore(t), newBroker(t)
+		if f.Store.Capabilities().Wakeups == nil {
+			t.Log("the store reports no same-process wake-up (StoreCapabilities.Wakeups); its relays poll")
+			return
+		}
 		et := uniqueType("wake")
 		col := Collect(t, b.Subscriber, b.topic(et))
-		opts := e2eRelayOptions(t, f)
-		opts.PollInterval = time.Hour // only a wake-up can publish in time
-		r := startRelay(t, f, b.Publisher, opts)
+		opts := e2eRelayOptions(t)
+		opts.PollInterval = time.Hour // only the store's wake-up can publish in time
+		startRelay(t, f, b.Publisher, opts)
 		// Let the workers run their first claim and go idle.
 		time.Sleep(200 * time.Millisecond)
 		evs := suiteEvents(t, et, 3, 1)
 		for i := range evs {
-			// After the commit, so that the outcome does not hang on the
-			// wake grace of a loaded machine; notifying before the commit
-			// is covered by core's relay tests.
 			mustEnqueue(t, f, evs[i:i+1], true)
-			r.Notify()
 		}
-		ctx, cancel := timeout(t, deliveryTimeout)
+		ctx, cancel := timeout(t, b.deliveryTimeout(t))
 		defer cancel()
 		col.Wait(ctx, ids(evs))
 	})
@@ -113,8 +114,8 @@ func RunOutage(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 	col := Collect(t, b.Subscriber, b.topic(et))
 	before := suiteEvents(t, et, 10, 3)
 	during := suiteEvents(t, et, 30, 3)
-	startRelay(t, f, b.Publisher, e2eRelayOptions(t, f))
-	ctx, cancel := timeout(t, 3*deliveryTimeout)
+	startRelay(t, f, b.Publisher, e2eRelayOptions(t))
+	ctx, cancel := timeout(t, 3*b.deliveryTimeout(t))
 	defer cancel()
 
 	mustEnqueue(t, f, before, true)

@@ -98,7 +98,7 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 	}
 
 	faulty := &Faulty{Inner: b.Publisher, FailRate: 0.1, FailAfterSendRate: 0.1, DuplicateRate: 0.15}
-	startRelay(t, f, faulty, e2eRelayOptions(t, f))
+	startRelay(t, f, faulty, e2eRelayOptions(t))
 
 	committed := suiteEvents(t, et, onceCommitted, 10)
 	rolledBack := suiteEvents(t, et, onceRolledBack, 10)
@@ -114,7 +114,7 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 		i += onceTxSize
 	}
 
-	ctx, cancel := timeout(t, 2*deliveryTimeout)
+	ctx, cancel := timeout(t, 2*b.deliveryTimeout(t))
 	defer cancel()
 	// Every committed event took effect and was marked published, so the
 	// relay sends nothing more...
@@ -213,7 +213,7 @@ func onceRunRouter(t *testing.T, r *message.Router) {
 	})
 	select {
 	case <-r.Running():
-	case <-time.After(deliveryTimeout):
+	case <-time.After(envDeliveryTimeout(t)):
 		t.Fatal("router did not start")
 	}
 }

@@ -3,6 +3,8 @@ package outboxtest
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,26 +15,42 @@ import (
 )
 
 // StoreFixture is a fresh, migrated, empty outbox on a real database, made
-// for one subtest.
+// for one subtest. Package sqlfixture builds one on the txoutbox schema for
+// every database txoutbox supports, for a store of your own on it.
 type StoreFixture struct {
-	// Store is the store under test.
+	// Store is the store under test. Its Capabilities decide what the
+	// suite checks (ordered claims, concurrency, wake-up).
 	Store core.Store
 	// Enqueue writes events (their IDs already set) in one transaction
 	// together with a business row, then commits, or rolls back when commit
 	// is false. It must return only after the commit or rollback.
 	Enqueue func(ctx context.Context, events []core.Event, commit bool) error
+	// EnqueueThenCommit writes a business row, then tries to enqueue
+	// events in the same transaction, then commits whatever the enqueue
+	// returned, and reports both errors: for invalid events the suite
+	// expects the enqueue to fail and the commit to succeed.
+	EnqueueThenCommit func(ctx context.Context, events []core.Event) (enqueueErr, commitErr error)
 	// Get returns the stored event with the given ID, with its delivery
-	// bookkeeping (PublishedAt, AttemptCount, LastError, DeadAt).
+	// bookkeeping (PublishedAt, AttemptCount, LastError, DeadAt), or an
+	// error wrapping core.ErrEventNotFound.
 	Get func(ctx context.Context, id string) (core.Event, error)
-	// Backdate moves the event's created_at and published_at back by age,
-	// so that retention and lag can be tested without waiting.
+	// Backdate moves the event's timestamps (created_at, published_at,
+	// next_attempt_at, dead_at) back by age, so that retention, lag and the
+	// end of a backoff can be tested without waiting.
 	Backdate func(ctx context.Context, id string, age time.Duration) error
-	// Stats and Cleaner are usually the Store itself.
-	Stats   core.StatsReader
-	Cleaner core.Cleaner
-	// ConcurrentClaims says that two open claims never share an event, so
-	// that several relays may run at once (PostgreSQL: yes; SQLite: no).
-	ConcurrentClaims bool
+	// RetryDead re-queues the dead event with the given ID, with a fresh
+	// budget of attempts, due now. RunOrderedStore needs it.
+	RetryDead func(ctx context.Context, id string) error
+	// Crash abandons every open claim of Store as the death of the relay's
+	// process does, without Commit or Release: on a database, it kills
+	// the connections the claims run on. Their events must then become
+	// claimable again within ClaimLease.
+	Crash func(ctx context.Context) error
+	// ClaimLease bounds how long after Crash the abandoned events become
+	// claimable again: 0 for stores whose claims end with their
+	// connection (PostgreSQL), the lease for stores that lease rows
+	// (SQLite). Keep it short in fixtures.
+	ClaimLease time.Duration
 }
 
 // NewStoreFunc makes a StoreFixture for one subtest. It registers its own
@@ -40,18 +58,29 @@ type StoreFixture struct {
 type NewStoreFunc func(t *testing.T) *StoreFixture
 
 // BrokerFixture is a publisher and a subscriber on one real broker, made for
-// one subtest.
+// one subtest. What the suite checks of the broker's order follows the
+// publisher's Capabilities.
 type BrokerFixture struct {
 	// Publisher is the publisher under test.
 	Publisher core.Publisher
 	// Subscriber reads what Publisher sent. The suite subscribes before it
-	// publishes, and acks every message.
+	// publishes, acks every message, and closes the subscription when the
+	// test ends: a subscription that does not close fails the test.
 	Subscriber message.Subscriber
 	// Topic maps an event type to the topic to subscribe to. Default: the
 	// event type itself.
 	Topic func(eventType string) string
-	// Ordered says the broker keeps the order of one aggregate's events.
-	Ordered bool
+	// Poison returns a copy of ev that the broker can never carry (too
+	// large, a header it refuses), for the "poison in a batch" check: the
+	// publisher must fail that event alone, permanently. Default: ev with
+	// a header key of 300 bytes, which AMQP and SNS refuse; brokers that
+	// take such a key (Kafka) must supply their own.
+	Poison func(ev core.Event) core.Event
+	// DeliveryTimeout bounds how long the suite waits for messages to
+	// arrive. Default 15s, or the TXOUTBOX_TEST_DELIVERY_TIMEOUT
+	// environment variable (a Go duration) when set: raise it for a remote
+	// broker.
+	DeliveryTimeout time.Duration
 	// Stop and Start take the broker down and bring it back, for the outage
 	// test; leave both nil if the fixture cannot.
 	Stop, Start func(t *testing.T)
@@ -67,10 +96,38 @@ func (b *BrokerFixture) topic(eventType string) string {
 	return eventType
 }
 
-// Tuning of the suite; generous, because CI machines are shared.
-const (
-	deliveryTimeout = 60 * time.Second
-)
+// DefaultDeliveryTimeout is BrokerFixture.DeliveryTimeout's default: long
+// enough for a broker on a loaded CI machine, short enough that a failing
+// case reports within seconds.
+const DefaultDeliveryTimeout = 15 * time.Second
+
+// deliveryTimeout returns how long to wait for deliveries from b.
+func (b *BrokerFixture) deliveryTimeout(t testing.TB) time.Duration {
+	if b != nil && b.DeliveryTimeout > 0 {
+		return b.DeliveryTimeout
+	}
+	return envDeliveryTimeout(t)
+}
+
+func envDeliveryTimeout(t testing.TB) time.Duration {
+	if v := os.Getenv("TXOUTBOX_TEST_DELIVERY_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("TXOUTBOX_TEST_DELIVERY_TIMEOUT=%q: want a positive Go duration such as 30s", v)
+		}
+		return d
+	}
+	return DefaultDeliveryTimeout
+}
+
+// poison returns the event b cannot carry.
+func (b *BrokerFixture) poison(ev core.Event) core.Event {
+	if b.Poison != nil {
+		return b.Poison(ev)
+	}
+	ev.Headers = map[string]string{strings.Repeat("k", 300): "v"}
+	return ev
+}
 
 // suiteEvents makes n events of one event type over aggs aggregates, with
 // their IDs set and a custom header, as the suite's producers write them.

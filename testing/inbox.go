@@ -158,7 +158,7 @@ func RunInbox(t *testing.T, newInbox NewInboxFunc) {
 	t.Run("ConcurrentDuplicatesTakeEffectOnce", func(t *testing.T) {
 		t.Parallel()
 		f := newInbox(t)
-		ctx, cancel := context.WithTimeout(t.Context(), deliveryTimeout)
+		ctx, cancel := context.WithTimeout(t.Context(), envDeliveryTimeout(t))
 		defer cancel()
 		const events, copies = 20, 4
 		evIDs := make([]string, events)
@@ -295,7 +295,7 @@ type inboxOutcome struct {
 // the write lock) instead of racing past it.
 func inboxRaceFirstHolds(t *testing.T, f *InboxFixture, firstErr error) (first, second inboxOutcome) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), deliveryTimeout)
+	ctx, cancel := context.WithTimeout(t.Context(), envDeliveryTimeout(t))
 	defer cancel()
 	id := uuid.NewString()
 	first.id, second.id = id, id

@@ -23,7 +23,6 @@ import (
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
-	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
@@ -49,8 +48,8 @@ func TestMatrix(t *testing.T) {
 		{"SQLXSQLite", func(t *testing.T) *outboxtest.StoreFixture {
 			return fixtures.SQLXSQLite(t, fixtures.Options{SkipInbox: true})
 		}},
-		{"GORMPostgres", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, true)) }},
-		{"GORMSQLite", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, false)) }},
+		{"GORMPostgres", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, true), dialect.Postgres) }},
+		{"GORMSQLite", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, false), dialect.SQLite) }},
 	}
 	brokers := []struct {
 		name string
@@ -106,59 +105,15 @@ func openGORM(t *testing.T, pg bool) *gorm.DB {
 	return db
 }
 
-// matrixOrder emits the suite's events through the GORM plugin.
-type matrixOrder struct {
-	ID     int64 `gorm:"primaryKey"`
-	Events int
-	events []core.Event
-}
-
-func (o *matrixOrder) OutboxEvents(op gormoutbox.Op) ([]core.Event, error) {
-	if op != gormoutbox.Create {
-		return nil, nil
-	}
-	return o.events, nil
-}
-
-var errRollback = errors.New("matrix: roll back")
-
-func gormStore(t *testing.T, db *gorm.DB) *outboxtest.StoreFixture {
+func gormStore(t *testing.T, db *gorm.DB, d dialect.Dialect) *outboxtest.StoreFixture {
 	t.Helper()
 	if err := gormoutbox.AutoMigrate(db, gormoutbox.MigrateOptions{Logger: quiet}); err != nil {
-		t.Fatal(err)
-	}
-	if err := db.AutoMigrate(&matrixOrder{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Use(gormoutbox.Plugin{}); err != nil {
 		t.Fatal(err)
 	}
-	store, err := gormoutbox.NewStore(db, gormoutbox.StoreOptions{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &outboxtest.StoreFixture{
-		Store: store,
-		Enqueue: func(ctx context.Context, evs []core.Event, commit bool) error {
-			err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-				if err := tx.Create(&matrixOrder{Events: len(evs), events: evs}).Error; err != nil {
-					return err
-				}
-				if !commit {
-					return errRollback
-				}
-				return nil
-			})
-			if !commit && errors.Is(err, errRollback) {
-				return nil
-			}
-			return err
-		},
-		Get:              store.Get,
-		Stats:            store,
-		Cleaner:          store,
-		ConcurrentClaims: true,
-	}
+	return gormfixtures.Store(t, db, d)
 }
 
 func sqlInbox(t *testing.T, db *sql.DB, d dialect.Dialect) *outboxtest.InboxFixture {
@@ -252,5 +207,5 @@ func kafka(t *testing.T) *outboxtest.BrokerFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Close() })
-	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: message.Subscriber(sub), Ordered: true}
+	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: message.Subscriber(sub)}
 }

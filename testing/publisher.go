@@ -63,7 +63,7 @@ func Collect(t *testing.T, sub message.Subscriber, topic string) *Collection {
 		select {
 		case <-c.done:
 		case <-time.After(10 * time.Second):
-			t.Logf("subscription to %q did not close", topic)
+			t.Errorf("subscription to %q did not close within 10s of its context's end: the subscriber ignores context cancellation", topic)
 		}
 	})
 	return c
@@ -81,12 +81,17 @@ func (c *Collection) Wait(ctx context.Context, want []string) []Received {
 				missing++
 			}
 		}
+		noID := c.count[""]
 		c.mu.Unlock()
 		if missing == 0 {
 			return c.All()
 		}
 		select {
 		case <-ctx.Done():
+			if noID > 0 {
+				c.t.Fatalf("topic %q: %d of %d events never arrived with their event_id, and %d messages arrived without an %q header: the publisher drops headers",
+					c.topic, missing, len(want), noID, core.HeaderEventID)
+			}
 			c.t.Fatalf("topic %q: %d of %d events never arrived (%v)", c.topic, missing, len(want), ctx.Err())
 		case <-c.more:
 		case <-time.After(20 * time.Millisecond):
@@ -110,9 +115,11 @@ func (c *Collection) Count(id string) int {
 
 // RunPublisher proves a broker's publisher: every published event arrives
 // with its payload, its own headers and the identity headers; a batch with
-// several aggregates keeps each aggregate's order where the broker claims
-// order; an empty batch is a no-op; and a cancelled context fails every
-// event of the call, leaving the publisher usable.
+// several aggregates keeps each aggregate's order where the publisher claims
+// order (PublisherCapabilities.PreservesAggregateOrder); an empty batch is a
+// no-op; an event the broker cannot carry fails alone, permanently, and
+// never fails the good events of its batch; and a cancelled context fails
+// every event of the call, leaving the publisher usable.
 func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 	t.Run("DeliversPayloadAndHeaders", func(t *testing.T) {
 		t.Parallel()
@@ -120,7 +127,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		et := uniqueType("pub")
 		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 25, 5)
-		ctx, cancel := timeout(t, deliveryTimeout)
+		ctx, cancel := timeout(t, b.deliveryTimeout(t))
 		defer cancel()
 		if err := b.Publisher.Publish(ctx, evs); err != nil {
 			t.Fatalf("Publish: %v", err)
@@ -133,13 +140,14 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 	t.Run("KeepsAggregateOrder", func(t *testing.T) {
 		t.Parallel()
 		b := newBroker(t)
-		if !b.Ordered {
-			t.Log("broker does not claim per-aggregate order; checking delivery only")
+		ordered := b.Publisher.Capabilities().PreservesAggregateOrder
+		if !ordered {
+			t.Log("the publisher does not claim per-aggregate order; checking delivery only")
 		}
 		et := uniqueType("order")
 		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 60, 3)
-		ctx, cancel := timeout(t, deliveryTimeout)
+		ctx, cancel := timeout(t, b.deliveryTimeout(t))
 		defer cancel()
 		for i := 0; i < len(evs); i += 20 {
 			if err := b.Publisher.Publish(ctx, evs[i:i+20]); err != nil {
@@ -147,7 +155,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 			}
 		}
 		got := col.Wait(ctx, ids(evs))
-		if !b.Ordered {
+		if !ordered {
 			return
 		}
 		if err := CheckAggregateOrder(evs, got); err != nil {
@@ -160,6 +168,45 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		if err := b.Publisher.Publish(t.Context(), nil); err != nil {
 			t.Fatalf("Publish(nil) = %v, want nil", err)
 		}
+	})
+	// One event the broker cannot carry fails alone and permanently (the
+	// relay dead-letters it at once), whichever its place in the batch;
+	// the good ones arrive, and the publisher stays usable.
+	t.Run("PoisonInABatch", func(t *testing.T) {
+		t.Parallel()
+		b := newBroker(t)
+		et := uniqueType("poison")
+		col := Collect(t, b.Subscriber, b.topic(et))
+		evs := suiteEvents(t, et, 21, 4)
+		evs[10] = b.poison(evs[10])
+		ctx, cancel := timeout(t, b.deliveryTimeout(t))
+		defer cancel()
+		errs := core.EventErrors(b.Publisher.Publish(ctx, evs), len(evs))
+		var good []core.Event
+		for i, err := range errs {
+			if i == 10 {
+				if !core.IsPermanent(err) {
+					t.Errorf("the poison event's error = %v, want one marked core.Permanent", err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Errorf("good event %d failed with the poison in its batch: %v", i, err)
+			}
+			good = append(good, evs[i])
+		}
+		got := col.Wait(ctx, ids(good))
+		if n := col.Count(evs[10].ID); n != 0 {
+			t.Errorf("the poison event arrived %d times", n)
+		}
+		if err := CheckMessages(good, got); err != nil {
+			t.Error(err)
+		}
+		after := suiteEvents(t, et, 3, 1)
+		if err := b.Publisher.Publish(ctx, after); err != nil {
+			t.Fatalf("Publish after the poison: %v", err)
+		}
+		col.Wait(ctx, ids(after))
 	})
 	// The relay cancels Publish's context at its PublishTimeout and at
 	// shutdown; a publisher must then report the events it did not send as
@@ -177,7 +224,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 				t.Errorf("event %d published with a cancelled context: error %v, want one wrapping context.Canceled", i, err)
 			}
 		}
-		ctx, cancel := timeout(t, deliveryTimeout)
+		ctx, cancel := timeout(t, b.deliveryTimeout(t))
 		defer cancel()
 		if err := b.Publisher.Publish(ctx, evs); err != nil {
 			t.Fatalf("Publish after a cancelled one: %v", err)

@@ -468,18 +468,21 @@ func (s *Store) Events() []core.Event {
 	return out
 }
 
-// Backdate moves the creation time (and the publication time, if any) of
-// the event with the given ID back by age, so that tests of retention and
-// lag need not wait.
+// Backdate moves the timestamps of the event with the given ID (created,
+// published, next attempt, dead) back by age, so that tests of retention,
+// lag and backoff need not wait.
 func (s *Store) Backdate(ctx context.Context, id string, age time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range s.events {
 		if e.ID == id {
 			e.CreatedAt = e.CreatedAt.Add(-age)
-			if e.PublishedAt != nil {
-				t := e.PublishedAt.Add(-age)
-				e.PublishedAt = &t
+			e.NextAttemptAt = e.NextAttemptAt.Add(-age)
+			for _, p := range []**time.Time{&e.PublishedAt, &e.DeadAt} {
+				if *p != nil {
+					t := (*p).Add(-age)
+					*p = &t
+				}
 			}
 			return nil
 		}

@@ -3,22 +3,22 @@ package sqlxoutbox_test
 import (
 	"testing"
 
-	outboxtest "github.com/txoutbox/txoutbox/testing"
-
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
-// TestConformance runs the shared store suite against PostgreSQL and SQLite.
+// TestConformance runs the shared store suites against PostgreSQL and
+// SQLite: the one Outbox serves unordered and ordered claims.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			outboxtest.RunStore(t, func(t *testing.T) *outboxtest.StoreFixture {
-				// SQLite too: its claims are leases, so two open claims
-				// never share an event either (StoreFixture.ConcurrentClaims).
+			newStore := func(t *testing.T) *outboxtest.StoreFixture {
 				return newEnv(t, b, sqlxoutbox.Options{}).s.StoreFixture()
-			})
+			}
+			t.Run("Store", func(t *testing.T) { t.Parallel(); outboxtest.RunStore(t, newStore) })
+			t.Run("OrderedStore", func(t *testing.T) { t.Parallel(); outboxtest.RunOrderedStore(t, newStore) })
 		})
 	}
 }

@@ -68,7 +68,7 @@ func newEnv(t testing.TB, b backend, opts sqlxoutbox.Options) *env {
 	if s.Box.Dialect() != b.d {
 		t.Fatalf("detected dialect %v, want %v", s.Box.Dialect(), b.d)
 	}
-	return &env{b: b, db: s.DB, box: s.Box, s: s}
+	return &env{b: b, db: s.X, box: s.Box, s: s}
 }
 
 // enqueue writes one order row and its events in one transaction, and

@@ -659,8 +659,8 @@ func TestGetAndOptions(t *testing.T) {
 	if err != nil || box.Dialect() != dialect.SQLite {
 		t.Fatalf("NewDB detected %v, %v", box.Dialect(), err)
 	}
-	if box.MaxConcurrency() != 1 {
-		t.Errorf("SQLite MaxConcurrency = %d", box.MaxConcurrency())
+	if c := box.Capabilities(); c.MaxConcurrency != 1 || !c.OrderedClaims || c.Wakeups == nil || c.NewLeaser != nil {
+		t.Errorf("SQLite capabilities %+v, want one claim at a time, ordered claims, a wake-up signal and no leaser", c)
 	}
 	e := newEnv(t, b, sqlxoutbox.Options{})
 	ctx := context.Background()

@@ -22,7 +22,6 @@ func newBroker(t *testing.T) *outboxtest.BrokerFixture {
 	return &outboxtest.BrokerFixture{
 		Publisher:  newPublisher(t, amqpbroker.Options{Reconnect: fastReconnect}),
 		Subscriber: newSubscriber(t, amqpbroker.SubscriberOptions{Reconnect: fastReconnect}),
-		Ordered:    true,
 		Stop:       func(t *testing.T) { testenv.RabbitMQCtl(t, "stop_app") },
 		Start: func(t *testing.T) {
 			testenv.RabbitMQCtl(t, "start_app")

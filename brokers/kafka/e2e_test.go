@@ -25,7 +25,6 @@ func newBroker(t *testing.T) *outboxtest.BrokerFixture {
 	return &outboxtest.BrokerFixture{
 		Publisher:  newPublisher(t, cl.addrs, kafkabroker.Options{}),
 		Subscriber: newSubscriber(t, cl.addrs, ""),
-		Ordered:    true,
 		Stop:       func(t *testing.T) { cl.stop() },
 		Start:      func(t *testing.T) { cl.start(t) },
 	}

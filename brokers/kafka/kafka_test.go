@@ -122,7 +122,6 @@ func TestConformance(t *testing.T) {
 		return &outboxtest.BrokerFixture{
 			Publisher:  newPublisher(t, cl.addrs, kafkabroker.Options{}),
 			Subscriber: newSubscriber(t, cl.addrs, ""),
-			Ordered:    true,
 		}
 	})
 }

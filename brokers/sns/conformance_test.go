@@ -36,7 +36,7 @@ func newFixture(k fixtureKind) outboxtest.NewBrokerFunc {
 		}
 		sub := &Subscriber{t: t, g: g, raw: k.raw}
 		t.Cleanup(func() { sub.Close() })
-		return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub, Topic: topic, Ordered: k.fifo}
+		return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub, Topic: topic}
 	}
 }
 

@@ -48,15 +48,7 @@ func TestEndToEndPostgres(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			newBroker := newFixture(k)
-			outboxtest.RunEndToEnd(t, newStore, func(t *testing.T) *outboxtest.BrokerFixture {
-				b := newBroker(t)
-				// The suite's relay runs two workers in unordered mode,
-				// whose concurrent batches may interleave one aggregate's
-				// events; FIFO order is proven by RunPublisher and
-				// TestFIFO, where one caller publishes.
-				b.Ordered = false
-				return b
-			})
+			outboxtest.RunEndToEnd(t, newStore, newBroker)
 		})
 	}
 }

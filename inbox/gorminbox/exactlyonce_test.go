@@ -1,8 +1,6 @@
 package gorminbox_test
 
 import (
-	"context"
-	"errors"
 	"log/slog"
 	"testing"
 
@@ -14,20 +12,13 @@ import (
 
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
-	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/gormfixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
 // order is the producer's business row.
-type order struct {
-	ID     int64 `gorm:"primaryKey"`
-	Events int
-}
-
-var errRollback = errors.New("producer rolls back")
-
 // TestExactlyOnceGORM runs the end-to-end suite with GORM on both sides:
 // the producer enqueues through the GORM outbox plugin inside
 // db.Transaction, and the consumer's handler writes through
@@ -46,38 +37,7 @@ func TestExactlyOnceGORM(t *testing.T) {
 		if err := db.Use(gormoutbox.Plugin{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := db.AutoMigrate(&order{}); err != nil {
-			t.Fatal(err)
-		}
-		store, err := gormoutbox.NewStore(db, gormoutbox.StoreOptions{Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &outboxtest.StoreFixture{
-			Store: store,
-			Enqueue: func(ctx context.Context, evs []core.Event, commit bool) error {
-				err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-					if err := tx.Create(&order{Events: len(evs)}).Error; err != nil {
-						return err
-					}
-					if err := gormoutbox.Enqueue(tx, evs...); err != nil {
-						return err
-					}
-					if !commit {
-						return errRollback
-					}
-					return nil
-				})
-				if errors.Is(err, errRollback) {
-					return nil
-				}
-				return err
-			},
-			Get:              store.Get,
-			Stats:            store,
-			Cleaner:          store,
-			ConcurrentClaims: true,
-		}
+		return gormfixtures.Store(t, db, dialect.Postgres)
 	}
 	broker := func(t *testing.T) *outboxtest.BrokerFixture {
 		ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})

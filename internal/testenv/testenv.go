@@ -4,19 +4,17 @@
 package testenv
 
 import (
-	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/txoutbox/txoutbox/testing/sqlfixture"
 )
 
 const hint = "start the services with `make test` (or `scripts/services.sh start && . .services/env`)"
@@ -36,36 +34,7 @@ func Env(t testing.TB, name string) string {
 // this test and dropped when it ends.
 func PostgresDSN(t testing.TB) string {
 	t.Helper()
-	admin := Env(t, "TXOUTBOX_PG_DSN")
-	name := "t_" + RandomSuffix()
-	db, err := sql.Open("pgx", admin)
-	if err != nil {
-		t.Fatalf("open admin connection: %v", err)
-	}
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create database %s: %v (%s)", name, err, hint)
-	}
-	t.Cleanup(func() {
-		db, err := sql.Open("pgx", admin)
-		if err != nil {
-			return
-		}
-		defer db.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Logf("drop database %s: %v", name, err)
-		}
-	})
-	u, err := url.Parse(admin)
-	if err != nil {
-		t.Fatalf("parse TXOUTBOX_PG_DSN: %v", err)
-	}
-	u.Path = "/" + name
-	return u.String()
+	return sqlfixture.CreatePostgresDatabase(t, Env(t, "TXOUTBOX_PG_DSN"))
 }
 
 // MaxOpenConns caps the pool OpenPostgres returns. database/sql's default
@@ -74,7 +43,7 @@ func PostgresDSN(t testing.TB) string {
 // server's max_connections (CI once failed with SQLSTATE 53300). Sixteen
 // still lets every concurrency test overlap its transactions: a delivery
 // waiting for a row lock waits on one that holds a connection.
-const MaxOpenConns = 16
+const MaxOpenConns = sqlfixture.MaxOpenConns
 
 // OpenPostgres opens a fresh database (see PostgresDSN) with the pgx
 // database/sql driver, its pool capped at MaxOpenConns, and closes it when

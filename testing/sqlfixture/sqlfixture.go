@@ -1,0 +1,392 @@
+// Package sqlfixture gives conformance tests a fresh database with the
+// txoutbox schema, for every database txoutbox supports, and the
+// outboxtest.StoreFixture of a store of yours on it: Enqueue, Get,
+// Backdate, RetryDead and Crash, written once here against the schema so
+// that an adapter's author writes none of them.
+//
+//	func TestMyStore(t *testing.T) {
+//		outboxtest.RunStore(t, func(t *testing.T) *outboxtest.StoreFixture {
+//			db := sqlfixture.Open(t, os.Getenv("DATABASE_URL"), sqlfixture.Options{})
+//			store := mystore.New(db.DB, db.Table.String()) // your store, on db.DB
+//			return db.StoreFixture(store)
+//		})
+//	}
+//
+// Open takes a PostgreSQL URL (postgres://, on which it creates a database
+// per fixture and drops it when the test ends) or "sqlite:" (a file in the
+// test's temporary directory).
+package sqlfixture
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	_ "modernc.org/sqlite"             // the "sqlite" database/sql driver
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+// SQLiteClaimLease is DB.ClaimLease on SQLite: short, so that the crash
+// test waits seconds, and longer than any publish of the suite.
+const SQLiteClaimLease = 2 * time.Second
+
+// MaxOpenConns caps the pool of a PostgreSQL fixture, so that parallel
+// subtests do not exhaust the server's max_connections.
+const MaxOpenConns = 16
+
+// Options configures Open. Zero fields take their defaults.
+type Options struct {
+	// Table is the outbox table. Default dialect.DefaultTable.
+	Table string
+	// SkipInbox leaves the inbox table out.
+	SkipInbox bool
+	// Partitioned, when set, creates the outbox partitioned by day
+	// (dialect.MigratePartitioned, PostgreSQL only); its Table defaults to
+	// Table.
+	Partitioned *dialect.PartitionOptions
+	// OrdersColumn names the count column of the orders table that every
+	// Enqueue writes a row to, as a producer's business row. Default
+	// "events".
+	OrdersColumn string
+	// Logger receives the migrations' logs. Default: none.
+	Logger *slog.Logger
+}
+
+// DB is one fresh, migrated database for one test, with an orders table
+// for the producers' business rows.
+type DB struct {
+	// DB is the database; build the store under test on it.
+	DB *sql.DB
+	// Dialect is the database's dialect.
+	Dialect dialect.Dialect
+	// Table is the outbox table.
+	Table dialect.Identifier
+	// ClaimLease is the claim lease to give a store that leases rows
+	// (SQLite): 0 on PostgreSQL. StoreFixture reports it to the suite.
+	ClaimLease time.Duration
+
+	q      *dialect.Queries
+	orders string
+	box    *sqlxoutbox.Outbox // writes the events
+}
+
+// Open makes a fresh database for the test from dsn: a PostgreSQL URL
+// (postgres:// or postgresql://, a role that may CREATE DATABASE) or
+// "sqlite:" (a file in t.TempDir()); it migrates it and closes and drops it
+// when the test ends. It fails the test on any error.
+func Open(t testing.TB, dsn string, opts Options) *DB {
+	t.Helper()
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		db, err := sql.Open("pgx", CreatePostgresDatabase(t, dsn))
+		if err != nil {
+			t.Fatalf("sqlfixture: open postgres: %v", err)
+		}
+		db.SetMaxOpenConns(MaxOpenConns)
+		t.Cleanup(func() { db.Close() })
+		return New(t, db, dialect.Postgres, opts)
+	case dsn == "sqlite:" || dsn == "sqlite":
+		db, err := sql.Open("sqlite", SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")))
+		if err != nil {
+			t.Fatalf("sqlfixture: open sqlite: %v", err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return New(t, db, dialect.SQLite, opts)
+	}
+	t.Fatalf("sqlfixture: DSN %q: want postgres://... or sqlite:", redact(dsn))
+	return nil
+}
+
+// SQLiteDSN is how txoutbox opens SQLite (see the sqlxoutbox package
+// documentation): WAL, a busy timeout, and BEGIN IMMEDIATE so that
+// producers queue for the lock.
+func SQLiteDSN(path string) string {
+	return "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
+}
+
+// New migrates db, an empty database of d that the test owns, and returns
+// its fixture.
+func New(t testing.TB, db *sql.DB, d dialect.Dialect, opts Options) *DB {
+	t.Helper()
+	ctx := context.Background()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.OrdersColumn == "" {
+		opts.OrdersColumn = "events"
+	}
+	table := opts.Table
+	if p := opts.Partitioned; p != nil {
+		po := *p
+		if po.Table == "" {
+			po.Table = opts.Table
+		}
+		if po.Logger == nil {
+			po.Logger = opts.Logger
+		}
+		table = po.Table
+		if err := dialect.MigratePartitioned(ctx, db, d, po); err != nil {
+			t.Fatalf("sqlfixture: MigratePartitioned: %v", err)
+		}
+		if !opts.SkipInbox {
+			if err := dialect.Migrate(ctx, db, d, dialect.MigrateOptions{SkipOutbox: true, Logger: opts.Logger}); err != nil {
+				t.Fatalf("sqlfixture: migrate inbox: %v", err)
+			}
+		}
+	} else if err := dialect.Migrate(ctx, db, d, dialect.MigrateOptions{Table: table, SkipInbox: opts.SkipInbox, Logger: opts.Logger}); err != nil {
+		t.Fatalf("sqlfixture: migrate: %v", err)
+	}
+	opts.Table = table
+	return Attach(t, db, d, opts)
+}
+
+// Attach returns the fixture of db, whose outbox table opts.Table exists
+// already (made by another migration path, such as GORM's AutoMigrate): it
+// only creates the orders table. Partitioned and SkipInbox are ignored.
+func Attach(t testing.TB, db *sql.DB, d dialect.Dialect, opts Options) *DB {
+	t.Helper()
+	ctx := context.Background()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.OrdersColumn == "" {
+		opts.OrdersColumn = "events"
+	}
+	table := opts.Table
+	q, err := d.Queries(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY, "+opts.OrdersColumn+" INTEGER NOT NULL)"); err != nil {
+		t.Fatalf("sqlfixture: create orders: %v", err)
+	}
+	box, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: d, Table: table, Logger: opts.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &DB{DB: db, Dialect: d, Table: q.Table(), q: q, orders: opts.OrdersColumn, box: box}
+	if d.ClaimMode() == dialect.ClaimLease {
+		f.ClaimLease = SQLiteClaimLease
+	}
+	return f
+}
+
+// Enqueue writes one orders row and the events in one transaction, with
+// sqlxoutbox, and commits, or rolls back when commit is false.
+func (f *DB) Enqueue(ctx context.Context, evs []core.Event, commit bool) error {
+	tx, err := f.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := f.order(ctx, tx, len(evs)); err != nil {
+		return err
+	}
+	if err := f.box.Enqueue(ctx, tx, evs...); err != nil {
+		return err
+	}
+	if !commit {
+		return tx.Rollback()
+	}
+	return tx.Commit()
+}
+
+// EnqueueThenCommit writes one orders row, tries to enqueue the events in
+// the same transaction, and commits whatever the enqueue returned.
+func (f *DB) EnqueueThenCommit(ctx context.Context, evs []core.Event) (enqueueErr, commitErr error) {
+	tx, err := f.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	if err := f.order(ctx, tx, len(evs)); err != nil {
+		return nil, err
+	}
+	enqueueErr = f.box.Enqueue(ctx, tx, evs...)
+	return enqueueErr, tx.Commit()
+}
+
+func (f *DB) order(ctx context.Context, tx *sql.Tx, n int) error {
+	q := "INSERT INTO orders (id, " + f.orders + ") VALUES (?, ?)"
+	if f.Dialect.Placeholders() == dialect.Dollar {
+		q = "INSERT INTO orders (id, " + f.orders + ") VALUES ($1, $2)"
+	}
+	_, err := tx.ExecContext(ctx, q, randomID(), n)
+	return err
+}
+
+// Get returns the stored event with the given ID.
+func (f *DB) Get(ctx context.Context, id string) (core.Event, error) { return f.box.Get(ctx, id) }
+
+// RetryDead re-queues the dead event with the given ID.
+func (f *DB) RetryDead(ctx context.Context, id string) error {
+	n, err := f.box.RetryDead(ctx, dialect.DeadFilter{EventIDs: []string{id}})
+	if err == nil && n != 1 {
+		err = fmt.Errorf("sqlfixture: re-queue %s: %d rows", id, n)
+	}
+	return err
+}
+
+// Backdate moves the created_at, published_at, next_attempt_at and dead_at
+// of the event id back by age, and fails unless exactly one row changed.
+// On a partitioned table PostgreSQL moves the row to an older partition.
+func (f *DB) Backdate(ctx context.Context, id string, age time.Duration) error {
+	return Backdate(ctx, f.DB, f.Dialect, f.Table.String(), id, age)
+}
+
+// Execer is what Backdate needs of a database: *sql.DB and *sqlx.DB are
+// ones.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Backdate is DB.Backdate on any database handle and outbox table.
+func Backdate(ctx context.Context, db Execer, d dialect.Dialect, table, id string, age time.Duration) error {
+	tid, err := dialect.ValidateIdentifier(table)
+	if err != nil {
+		return err
+	}
+	var query string
+	var args []any
+	switch d.ClaimMode() {
+	case dialect.ClaimRowLocks:
+		query = "UPDATE " + quote(tid) + " SET created_at = created_at - $1 * interval '1 microsecond'," +
+			" published_at = published_at - $1 * interval '1 microsecond', dead_at = dead_at - $1 * interval '1 microsecond'," +
+			" next_attempt_at = next_attempt_at - $1 * interval '1 microsecond'" +
+			" WHERE event_id = $2"
+		args = []any{age.Microseconds(), id}
+	default:
+		mod := fmt.Sprintf("-%.3f seconds", age.Seconds())
+		query = "UPDATE " + quote(tid) + " SET created_at = strftime('%Y-%m-%dT%H:%M:%fZ', created_at, ?1)," +
+			" published_at = strftime('%Y-%m-%dT%H:%M:%fZ', published_at, ?1), dead_at = strftime('%Y-%m-%dT%H:%M:%fZ', dead_at, ?1)," +
+			" next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', next_attempt_at, ?1)" +
+			" WHERE event_id = ?2"
+		args = []any{mod, id}
+	}
+	res, err := db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("sqlfixture: backdate %s: %d rows", id, n)
+	}
+	return nil
+}
+
+func quote(id dialect.Identifier) string {
+	if id.Schema == "" {
+		return `"` + id.Name + `"`
+	}
+	return `"` + id.Schema + `"."` + id.Name + `"`
+}
+
+// Crash abandons every open claim as a relay's death does. On PostgreSQL
+// it terminates every other connection to the fixture's database, which
+// ends their transactions and row locks, and empties the pool of the
+// fixture's own idle connections (killed too). On SQLite, whose claims are
+// leases, there is nothing to kill: the claims expire after ClaimLease.
+func (f *DB) Crash(ctx context.Context) error {
+	if f.Dialect.ClaimMode() != dialect.ClaimRowLocks {
+		return nil
+	}
+	conn, err := f.DB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	rows, err := conn.QueryContext(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+	if err == nil {
+		err = rows.Close()
+	}
+	conn.Close()
+	if err != nil {
+		return fmt.Errorf("sqlfixture: terminate connections: %w", err)
+	}
+	f.DB.SetMaxIdleConns(0)
+	f.DB.SetMaxIdleConns(2)
+	return nil
+}
+
+// StoreFixture returns the suite's fixture of store, a store on f.DB and
+// f.Table (with ClaimLease f.ClaimLease if it leases rows).
+func (f *DB) StoreFixture(store core.Store) *outboxtest.StoreFixture {
+	return &outboxtest.StoreFixture{
+		Store:             store,
+		Enqueue:           f.Enqueue,
+		EnqueueThenCommit: f.EnqueueThenCommit,
+		Get:               f.Get,
+		Backdate:          f.Backdate,
+		RetryDead:         f.RetryDead,
+		Crash:             f.Crash,
+		ClaimLease:        f.ClaimLease,
+	}
+}
+
+// CreatePostgresDatabase creates an empty database on the server of
+// adminDSN, drops it (with its connections) when the test ends, and returns
+// its DSN.
+func CreatePostgresDatabase(t testing.TB, adminDSN string) string {
+	t.Helper()
+	name := "t_" + randomID()
+	db, err := sql.Open("pgx", adminDSN)
+	if err != nil {
+		t.Fatalf("sqlfixture: open admin connection: %v", err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("sqlfixture: create database %s on %s: %v", name, redact(adminDSN), err)
+	}
+	t.Cleanup(func() {
+		db, err := sql.Open("pgx", adminDSN)
+		if err != nil {
+			return
+		}
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Logf("sqlfixture: drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(adminDSN)
+	if err != nil {
+		t.Fatalf("sqlfixture: parse %s: %v", redact(adminDSN), err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func randomID() string {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		panic(errors.Join(errors.New("crypto/rand"), err))
+	}
+	return hex.EncodeToString(b)
+}
+
+// redact hides the password of a URL DSN.
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "(a DSN that does not parse)"
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
