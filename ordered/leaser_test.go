@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
@@ -285,7 +286,7 @@ func TestLeaserAndStoreInASchema(t *testing.T) {
 	if group != "app.events" {
 		t.Fatalf("relay group %q, want app.events", group)
 	}
-	s, err := ordered.NewStore(db, dialect.Postgres, ordered.StoreOptions{Table: "app.events"})
+	s, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: dialect.Postgres, Table: "app.events"})
 	if err != nil {
 		t.Fatal(err)
 	}
