@@ -183,11 +183,14 @@ func resolveOrdering(o *RelayOptions, caps StoreCapabilities, pcaps PublisherCap
 	if o.Ordered.Leaser != nil && o.Ordered.NoLeaser {
 		return false, fmt.Errorf("%w: OrderedOptions has both a Leaser and NoLeaser", ErrInvalidOptions)
 	}
+	if o.Ordered.Leaser != nil && !caps.OrderedPartitions {
+		return false, fmt.Errorf("%w: OrderedOptions.Leaser on a store that serves ordered claims of every partition only (StoreCapabilities.OrderedPartitions)", ErrInvalidOptions)
+	}
 	oo, err := o.Ordered.withDefaults()
 	if err != nil {
 		return false, err
 	}
-	if oo.Leaser == nil && !oo.NoLeaser && caps.NewLeaser != nil {
+	if oo.Leaser == nil && !oo.NoLeaser && caps.NewLeaser != nil && caps.OrderedPartitions {
 		l, err := caps.NewLeaser(LeaserConfig{PartitionCount: oo.PartitionCount, Logger: o.Logger})
 		if err != nil {
 			return false, fmt.Errorf("txoutbox: the store's partition leaser: %w", err)
@@ -205,6 +208,9 @@ func resolveOrdering(o *RelayOptions, caps StoreCapabilities, pcaps PublisherCap
 // partitions the relay may serve), or false when the worker has none.
 func (r *Relay) orderedRequest(worker int) (*OrderedClaim, bool) {
 	o := r.opts.Ordered
+	if !r.caps.OrderedPartitions {
+		return &OrderedClaim{PartitionCount: o.PartitionCount, DeadLetter: o.DeadLetter}, true
+	}
 	var parts []int
 	if o.Leaser != nil && r.running.Load() {
 		parts = o.Leaser.Held()

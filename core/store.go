@@ -41,6 +41,12 @@ type Store interface {
 type StoreCapabilities struct {
 	// OrderedClaims: Claim honours ClaimRequest.Ordered.
 	OrderedClaims bool
+	// OrderedPartitions: ordered claims honour OrderedClaim.Partitions, so
+	// that relays (and one relay's workers) can share the partitions.
+	// Without it a store serves ordered claims of every partition only
+	// (Partitions nil; SQLite, which has one writer), refuses a subset
+	// with ErrUnsupported, and the relay asks it for every partition.
+	OrderedPartitions bool
 	// MaxConcurrency is the most claims the store serves at once (SQLite
 	// serves one); 0 means no limit of its own. The relay caps its
 	// Concurrency to it.

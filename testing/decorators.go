@@ -29,9 +29,10 @@ func RequireStoreDecorator(t *testing.T, decorate func(core.Store) core.Store) {
 	ctx := t.Context()
 	sig := &core.Signal{}
 	full := core.StoreCapabilities{
-		OrderedClaims:  true,
-		MaxConcurrency: 3,
-		Wakeups:        sig,
+		OrderedClaims:     true,
+		OrderedPartitions: true,
+		MaxConcurrency:    3,
+		Wakeups:           sig,
 		NewLeaser: func(core.LeaserConfig) (core.PartitionLeaser, error) {
 			return nil, errLeaserProbe
 		},
@@ -39,7 +40,8 @@ func RequireStoreDecorator(t *testing.T, decorate func(core.Store) core.Store) {
 	inner := capsStore{memoutbox.New(memoutbox.Options{}), full}
 	d := decorate(inner)
 	got := d.Capabilities()
-	if got.OrderedClaims != full.OrderedClaims || got.MaxConcurrency != full.MaxConcurrency || got.Wakeups != sig {
+	if got.OrderedClaims != full.OrderedClaims || got.OrderedPartitions != full.OrderedPartitions ||
+		got.MaxConcurrency != full.MaxConcurrency || got.Wakeups != sig {
 		t.Errorf("decorated store reports %+v, want the wrapped store's %+v", got, full)
 	}
 	if got.NewLeaser == nil {
@@ -47,7 +49,7 @@ func RequireStoreDecorator(t *testing.T, decorate func(core.Store) core.Store) {
 	} else if _, err := got.NewLeaser(core.LeaserConfig{PartitionCount: 4}); !errors.Is(err, errLeaserProbe) {
 		t.Errorf("decorated store's NewLeaser did not reach the wrapped store's: %v", err)
 	}
-	if z := decorate(capsStore{memoutbox.New(memoutbox.Options{}), core.StoreCapabilities{}}).Capabilities(); z.OrderedClaims || z.MaxConcurrency != 0 || z.Wakeups != nil || z.NewLeaser != nil {
+	if z := decorate(capsStore{memoutbox.New(memoutbox.Options{}), core.StoreCapabilities{}}).Capabilities(); z.OrderedClaims || z.OrderedPartitions || z.MaxConcurrency != 0 || z.Wakeups != nil || z.NewLeaser != nil {
 		t.Errorf("decorated store without capabilities reports %+v, want none", z)
 	}
 

@@ -133,6 +133,13 @@ func RunOrderedStore(t *testing.T, newStore NewStoreFunc) {
 		const n = 8
 		some := []int{1, 4, 6}
 		rest := []int{0, 2, 3, 5, 7}
+		if !f.Store.Capabilities().OrderedPartitions {
+			_, err := f.Store.Claim(t.Context(), core.ClaimRequest{Limit: 10, Ordered: &core.OrderedClaim{Partitions: some, PartitionCount: n}})
+			if !errors.Is(err, core.ErrUnsupported) {
+				t.Fatalf("ordered claim of some partitions on a store without OrderedPartitions = %v, want ErrUnsupported", err)
+			}
+			return
+		}
 		a := mustClaimReq(t, f, core.ClaimRequest{Limit: 1000, Ordered: &core.OrderedClaim{Partitions: some, PartitionCount: n}})
 		b := mustClaimReq(t, f, core.ClaimRequest{Limit: 1000, Ordered: &core.OrderedClaim{Partitions: rest, PartitionCount: n}})
 		if len(a.Events()) == 0 || len(b.Events()) == 0 {

@@ -24,14 +24,14 @@ import (
 // GORM tag cannot declare portably, use AutoMigrate, which runs the SQL
 // migrations in those cases.
 type OutboxEvent struct {
-	// ID is Event.Seq (BIGSERIAL), also the second column of the claim and
-	// dead-letter indexes.
-	ID int64 `gorm:"column:id;type:bigserial;primaryKey;autoIncrement;index:outbox_events_claim,priority:2;index:outbox_events_dead,priority:2"`
+	// ID is Event.Seq (BIGSERIAL), also a column of the claim, dead-letter
+	// and ordered-mode indexes.
+	ID int64 `gorm:"column:id;type:bigserial;primaryKey;autoIncrement;index:outbox_events_claim,priority:2;index:outbox_events_dead,priority:2;index:outbox_events_ordered_due,where:published_at IS NULL AND dead_at IS NULL;index:outbox_events_ordered_failed,priority:2"`
 	// EventID is Event.ID, a UUID.
 	EventID string `gorm:"column:event_id;type:uuid;not null"`
 	// AggregateType, AggregateID and EventType are the Event's.
 	AggregateType string `gorm:"column:aggregate_type;type:text;not null;default:''"`
-	AggregateID   string `gorm:"column:aggregate_id;type:text;not null;default:''"`
+	AggregateID   string `gorm:"column:aggregate_id;type:text;not null;default:'';index:outbox_events_ordered_failed,priority:1,where:published_at IS NULL AND attempt_count > 0"`
 	EventType     string `gorm:"column:event_type;type:text;not null"`
 	// Payload is the event body (JSONB).
 	Payload json.RawMessage `gorm:"column:payload;type:jsonb;not null"`
@@ -71,7 +71,7 @@ func (r *OutboxEvent) Event() (core.Event, error) {
 	}
 	if len(r.Headers) > 0 {
 		if err := json.Unmarshal(r.Headers, &ev.Headers); err != nil {
-			return core.Event{}, fmt.Errorf("txoutbox/gorm: headers of event %s: %w", r.EventID, err)
+			return core.Event{}, fmt.Errorf("gormoutbox: headers of event %s: %w", r.EventID, err)
 		}
 		if len(ev.Headers) == 0 {
 			ev.Headers = nil
@@ -84,44 +84,47 @@ func (r *OutboxEvent) Event() (core.Event, error) {
 type MigrateOptions struct {
 	// Table is the outbox table. Default dialect.DefaultTable.
 	Table string
-	// Inbox also creates the consumers' inbox table (dialect's migrations
-	// only).
+	// Inbox also creates the consumers' inbox table.
 	Inbox bool
+	// SkipOrdered leaves out ordered mode's indexes and lease tables (see
+	// dialect.MigrateOptions.SkipOrdered).
+	SkipOrdered bool
 	// Logger receives one line per SQL migration applied. Default
 	// slog.Default().
 	Logger *slog.Logger
 }
 
-// AutoMigrate creates or completes the outbox table on db. On PostgreSQL
-// with the default table it is GORM's AutoMigrate of OutboxEvent; otherwise
-// (SQLite, another table name, or Inbox) it runs dialect.Migrate on the
-// *sql.DB under GORM. Both give the same schema, and either may follow the
-// other.
+// AutoMigrate creates or completes the outbox table, with what ordered
+// mode needs (unless SkipOrdered) and the inbox table (with Inbox), on db.
+// On PostgreSQL with the default table it first runs GORM's AutoMigrate of
+// OutboxEvent; then, on every database, dialect.Migrate on the *sql.DB
+// under GORM, which records the versions and adds what a GORM model cannot
+// declare (the lease tables of ordered mode). Both give the same schema,
+// and either may follow the other.
 func AutoMigrate(db *gorm.DB, opts MigrateOptions) error {
 	d, err := dialect.ByName(db.Dialector.Name())
 	if err != nil {
-		return fmt.Errorf("txoutbox/gorm: dialector %q: %w", db.Dialector.Name(), err)
+		return fmt.Errorf("gormoutbox: dialector %q: %w", db.Dialector.Name(), err)
 	}
 	table := opts.Table
 	if table == "" {
 		table = dialect.DefaultTable
 	}
-	if d == dialect.Postgres && table == dialect.DefaultTable && !opts.Inbox {
+	if d == dialect.Postgres && table == dialect.DefaultTable {
 		if err := db.AutoMigrate(&OutboxEvent{}); err != nil {
-			return fmt.Errorf("txoutbox/gorm: automigrate %s: %w", table, err)
+			return fmt.Errorf("gormoutbox: automigrate %s: %w", table, err)
 		}
-		return nil
 	}
 	sqlDB, err := db.DB()
 	if err != nil {
-		return fmt.Errorf("txoutbox/gorm: %w", err)
+		return fmt.Errorf("gormoutbox: %w", err)
 	}
 	ctx := db.Statement.Context
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if err := dialect.Migrate(ctx, sqlDB, d, dialect.MigrateOptions{Table: table, SkipInbox: !opts.Inbox, Logger: opts.Logger}); err != nil {
-		return fmt.Errorf("txoutbox/gorm: %w", err)
+	if err := dialect.Migrate(ctx, sqlDB, d, dialect.MigrateOptions{Table: table, SkipInbox: !opts.Inbox, SkipOrdered: opts.SkipOrdered, Logger: opts.Logger}); err != nil {
+		return fmt.Errorf("gormoutbox: %w", err)
 	}
 	return nil
 }

@@ -82,7 +82,7 @@ func NewChecked(opts Options) (*Store, error) {
 // in one process need no leaser: a partition is never served by two open
 // claims.
 func (s *Store) Capabilities() core.StoreCapabilities {
-	return core.StoreCapabilities{OrderedClaims: true, Wakeups: &s.signal}
+	return core.StoreCapabilities{OrderedClaims: true, OrderedPartitions: true, Wakeups: &s.signal}
 }
 
 // Tx is a transaction of a Store: events enqueued in it become visible to

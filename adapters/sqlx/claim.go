@@ -71,6 +71,12 @@ func (o *Outbox) orderedClaim(ctx context.Context, limit int, oc *core.OrderedCl
 		oc = &all
 	}
 	if o.d.ClaimMode() == dialect.ClaimLease {
+		// One writer, one relay: no partitions to share (and no hash
+		// function in SQLite's SQL to compute them with).
+		if len(oc.Partitions) != oc.PartitionCount {
+			return nil, fmt.Errorf("%w: %s serves ordered claims of every partition only, not %d of %d",
+				core.ErrUnsupported, o.d, len(oc.Partitions), oc.PartitionCount)
+		}
 		query, args := o.q.ClaimOrdered(*oc, limit, o.opts.ClaimLease)
 		return o.claims.QueryLeased(ctx, query, args, sortBySeq)
 	}

@@ -144,3 +144,19 @@ func seqsOf(evs []core.Event) []int64 {
 	}
 	return s
 }
+
+// enqueueCommitted writes evs in a transaction of their own and commits.
+func enqueueCommitted(t testing.TB, ctx context.Context, db *sqlx.DB, box *sqlxoutbox.Outbox, evs ...core.Event) {
+	t.Helper()
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := box.Enqueue(ctx, tx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -43,9 +43,7 @@ func testMarkCommit(t *testing.T, sync bool) {
 	for i := range evs {
 		evs[i] = core.Event{EventType: "order.created", AggregateID: "o-1", Payload: []byte(`{}`)}
 	}
-	if err := box.Enqueue(ctx, db, evs...); err != nil {
-		t.Fatal(err)
-	}
+	enqueueCommitted(t, ctx, db, box, evs...)
 	fail := evs[2].ID
 	pub := core.PublisherFunc(func(_ context.Context, batch []core.Event) error {
 		be := core.NewBatchError(len(batch))

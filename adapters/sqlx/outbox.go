@@ -232,13 +232,14 @@ func (o *Outbox) Dialect() dialect.Dialect { return o.d }
 func (o *Outbox) Queries() *dialect.Queries { return o.q }
 
 // Capabilities implements core.Store: ordered claims on every dialect; one
-// claim at a time on SQLite (one writer); the wake-up signal shared by
-// every writer of the table in this process; and on PostgreSQL the
-// partition leaser of package ordered, with which relays of one table share
-// the partitions of ordered mode.
+// claim at a time, of every partition, on SQLite (one writer); the wake-up
+// signal shared by every writer of the table in this process; and on
+// PostgreSQL ordered claims of chosen partitions and the partition leaser
+// of package ordered, with which relays of one table share them.
 func (o *Outbox) Capabilities() core.StoreCapabilities {
 	c := core.StoreCapabilities{OrderedClaims: true, MaxConcurrency: o.d.MaxConcurrency(), Wakeups: o.wake}
-	if o.d.MaxConcurrency() == 0 {
+	if o.d.ClaimMode() == dialect.ClaimRowLocks {
+		c.OrderedPartitions = true
 		c.NewLeaser = func(lc core.LeaserConfig) (core.PartitionLeaser, error) {
 			return ordered.NewLeaser(o.db, o.d, ordered.LeaserOptions{
 				Table: o.q.Table().String(), PartitionCount: lc.PartitionCount, Logger: lc.Logger,

@@ -694,9 +694,7 @@ func TestCustomTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	evs := events(3, "x", 1)
-	if err := box.Enqueue(ctx, db, evs...); err != nil {
-		t.Fatal(err)
-	}
+	enqueueCommitted(t, ctx, db, box, evs...)
 	c, err := box.Claim(ctx, core.ClaimRequest{Limit: 10})
 	if err != nil || len(c.Events()) != 3 {
 		t.Fatalf("Claim = %v, %v", c, err)

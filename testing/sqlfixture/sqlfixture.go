@@ -44,6 +44,9 @@ import (
 // test waits seconds, and longer than any publish of the suite.
 const SQLiteClaimLease = 2 * time.Second
 
+// DefaultOrdersTable is the default Options.OrdersTable.
+const DefaultOrdersTable = "txoutbox_fixture_orders"
+
 // MaxOpenConns caps the pool of a PostgreSQL fixture, so that parallel
 // subtests do not exhaust the server's max_connections.
 const MaxOpenConns = 16
@@ -58,9 +61,11 @@ type Options struct {
 	// (dialect.MigratePartitioned, PostgreSQL only); its Table defaults to
 	// Table.
 	Partitioned *dialect.PartitionOptions
-	// OrdersColumn names the count column of the orders table that every
-	// Enqueue writes a row to, as a producer's business row. Default
-	// "events".
+	// OrdersTable is the table of the producers' business rows, which the
+	// fixture creates: every Enqueue writes a row to it. Default
+	// DefaultOrdersTable.
+	OrdersTable string
+	// OrdersColumn names its count column. Default "events".
 	OrdersColumn string
 	// Logger receives the migrations' logs. Default: none.
 	Logger *slog.Logger
@@ -80,7 +85,7 @@ type DB struct {
 	ClaimLease time.Duration
 
 	q      *dialect.Queries
-	orders string
+	orders string // INSERT of a business row
 	box    *sqlxoutbox.Outbox // writes the events
 }
 
@@ -166,19 +171,30 @@ func Attach(t testing.TB, db *sql.DB, d dialect.Dialect, opts Options) *DB {
 	if opts.OrdersColumn == "" {
 		opts.OrdersColumn = "events"
 	}
+	if opts.OrdersTable == "" {
+		opts.OrdersTable = DefaultOrdersTable
+	}
+	ot, err := dialect.ValidateIdentifier(opts.OrdersTable)
+	if err != nil {
+		t.Fatal(err)
+	}
 	table := opts.Table
 	q, err := d.Queries(table)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id TEXT PRIMARY KEY, "+opts.OrdersColumn+" INTEGER NOT NULL)"); err != nil {
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+quote(ot)+" (id TEXT PRIMARY KEY, "+opts.OrdersColumn+" INTEGER NOT NULL)"); err != nil {
 		t.Fatalf("sqlfixture: create orders: %v", err)
 	}
 	box, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: d, Table: table, Logger: opts.Logger})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &DB{DB: db, Dialect: d, Table: q.Table(), q: q, orders: opts.OrdersColumn, box: box}
+	insert := "INSERT INTO " + quote(ot) + " (id, " + opts.OrdersColumn + ") VALUES (?, ?)"
+	if d.Placeholders() == dialect.Dollar {
+		insert = "INSERT INTO " + quote(ot) + " (id, " + opts.OrdersColumn + ") VALUES ($1, $2)"
+	}
+	f := &DB{DB: db, Dialect: d, Table: q.Table(), q: q, orders: insert, box: box}
 	if d.ClaimMode() == dialect.ClaimLease {
 		f.ClaimLease = SQLiteClaimLease
 	}
@@ -221,11 +237,7 @@ func (f *DB) EnqueueThenCommit(ctx context.Context, evs []core.Event) (enqueueEr
 }
 
 func (f *DB) order(ctx context.Context, tx *sql.Tx, n int) error {
-	q := "INSERT INTO orders (id, " + f.orders + ") VALUES (?, ?)"
-	if f.Dialect.Placeholders() == dialect.Dollar {
-		q = "INSERT INTO orders (id, " + f.orders + ") VALUES ($1, $2)"
-	}
-	_, err := tx.ExecContext(ctx, q, randomID(), n)
+	_, err := tx.ExecContext(ctx, f.orders, randomID(), n)
 	return err
 }
 
