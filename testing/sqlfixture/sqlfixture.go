@@ -85,7 +85,7 @@ type DB struct {
 	ClaimLease time.Duration
 
 	q      *dialect.Queries
-	orders string // INSERT of a business row
+	orders string             // INSERT of a business row
 	box    *sqlxoutbox.Outbox // writes the events
 }
 
