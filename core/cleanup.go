@@ -94,7 +94,7 @@ func RunCleanup(ctx context.Context, c Cleaner, opts CleanupOptions) error {
 		if err != nil {
 			o.Logger.Error("txoutbox: cleanup failed", "deleted", n, "error", err)
 		} else if n > 0 {
-			o.Logger.Info("txoutbox: cleanup deleted published events", "deleted", n, "retention", o.Retention)
+			o.Logger.Info("txoutbox: cleanup deleted rows past their retention", "deleted", n, "retention", o.Retention)
 		}
 		select {
 		case <-ctx.Done():

@@ -15,12 +15,45 @@ import (
 // from the outbox) finds its record gone and takes effect a second time.
 const DefaultRetention = 45 * 24 * time.Hour
 
-// Cleaner is implemented by inboxes that can delete old records: *SQL and
-// *gorminbox.Inbox.
+// Cleaner is implemented by inboxes that can delete old records:
+// *sqlinbox.Inbox and *gorminbox.Inbox.
 type Cleaner interface {
 	// DeleteProcessed deletes at most limit records processed before the
 	// given time and returns how many it deleted.
 	DeleteProcessed(ctx context.Context, before time.Time, limit int) (int64, error)
+}
+
+// CleanupOptions configures Cleanup and RunCleanup. Zero fields take their
+// defaults; negative ones are refused.
+type CleanupOptions struct {
+	// Retention is how long records are kept. Default DefaultRetention.
+	// An event redelivered after its record was deleted takes effect
+	// again: keep it longer than any redelivery or replay window.
+	Retention time.Duration
+	// BatchSize bounds each DELETE so that no statement holds locks for
+	// long. Default 1000.
+	BatchSize int
+	// Pause is slept between batches. Default 0.
+	Pause time.Duration
+	// Interval is how often RunCleanup runs a pass. Default 1h.
+	Interval time.Duration
+	// OnProgress, if set, is called after each batch with the running
+	// total.
+	OnProgress func(deleted int64)
+	// Logger receives RunCleanup's results. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// core returns the options as core.Cleanup takes them, with the inbox's
+// defaults.
+func (o CleanupOptions) core() core.CleanupOptions {
+	if o.Retention == 0 {
+		o.Retention = DefaultRetention
+	}
+	return core.CleanupOptions{
+		Retention: o.Retention, BatchSize: o.BatchSize, Pause: o.Pause, Interval: o.Interval,
+		OnProgress: o.OnProgress, Logger: o.Logger,
+	}
 }
 
 // asCoreCleaner lets core.Cleanup drive an inbox: same batching, same
@@ -31,72 +64,25 @@ func (a asCoreCleaner) DeletePublished(ctx context.Context, before time.Time, li
 	return a.c.DeleteProcessed(ctx, before, limit)
 }
 
-func cleanupDefaults(opts core.CleanupOptions) core.CleanupOptions {
-	if opts.Retention == 0 {
-		opts.Retention = DefaultRetention
-	}
-	return opts
-}
-
-// Cleanup deletes records processed more than opts.Retention ago (default
-// DefaultRetention, not core's 30 days), in batches of opts.BatchSize
-// (default 1000) so that no DELETE holds locks for long, and returns how
-// many it deleted. An event redelivered after its record was deleted takes
-// effect again: keep Retention longer than any redelivery or replay window.
-func Cleanup(ctx context.Context, c Cleaner, opts core.CleanupOptions) (int64, error) {
+// Cleanup deletes records processed more than opts.Retention ago, in
+// batches of opts.BatchSize, and returns how many it deleted.
+func Cleanup(ctx context.Context, c Cleaner, opts CleanupOptions) (int64, error) {
 	if c == nil {
 		return 0, fmt.Errorf("%w: inbox.Cleanup needs a Cleaner", core.ErrInvalidOptions)
 	}
-	n, err := core.Cleanup(ctx, asCoreCleaner{c}, cleanupDefaults(opts))
+	n, err := core.Cleanup(ctx, asCoreCleaner{c}, opts.core())
 	if err != nil {
 		return n, fmt.Errorf("inbox: %w", err)
 	}
 	return n, nil
 }
 
-// RunCleanup runs Cleanup every opts.Interval (default 1h) until ctx is
-// cancelled. Errors are logged and the next pass tries again; it returns an
-// error only for invalid options.
-func RunCleanup(ctx context.Context, c Cleaner, opts core.CleanupOptions) error {
+// RunCleanup runs Cleanup every opts.Interval until ctx is cancelled.
+// Errors are logged and the next pass tries again; it returns an error only
+// for invalid options, before the first pass.
+func RunCleanup(ctx context.Context, c Cleaner, opts CleanupOptions) error {
 	if c == nil {
 		return fmt.Errorf("%w: inbox.RunCleanup needs a Cleaner", core.ErrInvalidOptions)
 	}
-	opts = cleanupDefaults(opts)
-	if opts.Interval < 0 {
-		return fmt.Errorf("%w: negative cleanup Interval", core.ErrInvalidOptions)
-	}
-	if opts.Interval == 0 {
-		opts.Interval = time.Hour
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	// Validate once up front, so that bad options fail the caller rather
-	// than filling the log every interval.
-	if _, err := core.Cleanup(ctx, noopCleaner{}, opts); err != nil {
-		return err
-	}
-	t := time.NewTicker(opts.Interval)
-	defer t.Stop()
-	for {
-		n, err := Cleanup(ctx, c, opts)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			log.Error("txoutbox: inbox cleanup failed", "deleted", n, "error", err)
-		} else if n > 0 {
-			log.Info("txoutbox: inbox cleanup deleted processed records", "deleted", n, "retention", opts.Retention)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	return core.RunCleanup(ctx, asCoreCleaner{c}, opts.core())
 }
-
-type noopCleaner struct{}
-
-func (noopCleaner) DeletePublished(context.Context, time.Time, int) (int64, error) { return 0, nil }

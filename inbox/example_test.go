@@ -18,6 +18,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
 )
 
 // An inventory consumer on SQLite and the in-process GoChannel: the same
@@ -43,7 +44,7 @@ func ExampleNewMiddleware() {
 		panic(err)
 	}
 
-	ib, err := inbox.NewSQL(db, inbox.SQLOptions{})
+	ib, err := sqlinbox.New(db, sqlinbox.Options{})
 	if err != nil {
 		panic(err)
 	}
@@ -67,7 +68,7 @@ func ExampleNewMiddleware() {
 		}
 		// The write goes through the inbox's transaction: it commits with
 		// the record of the event, or not at all.
-		_, err := inbox.Tx(msg.Context()).ExecContext(msg.Context(),
+		_, err := sqlinbox.Tx(msg.Context()).ExecContext(msg.Context(),
 			`UPDATE stock SET qty = qty - ? WHERE sku = ?`, order.Qty, order.SKU)
 		return err
 	})

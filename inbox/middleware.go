@@ -62,6 +62,11 @@ type Options struct {
 	// MissingEventID is the policy for messages without an event ID.
 	// Default RejectMissingEventID.
 	MissingEventID MissingEventIDPolicy
+	// OnDuplicate, if set, is called for every delivery the inbox absorbs:
+	// its event was processed before, so the handler did not run and the
+	// message is acked. metrics.Metrics.InboxDuplicate counts them. It must
+	// not block.
+	OnDuplicate func(ctx context.Context, consumer, eventID string)
 	// Logger receives duplicates (debug) and messages without an event ID.
 	// Default slog.Default().
 	Logger *slog.Logger
@@ -155,6 +160,9 @@ func (m *middleware) wrap(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if !processed {
 			m.log.Debug("txoutbox: duplicate event skipped", "event_id", id, "message_uuid", msg.UUID)
+			if m.opts.OnDuplicate != nil {
+				m.opts.OnDuplicate(orig, m.opts.Consumer, id)
+			}
 			return nil, nil
 		}
 		return produced, nil

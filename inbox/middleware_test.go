@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -32,8 +35,8 @@ func eventMessage(eventID string) *message.Message {
 	return msg
 }
 
-func sqliteFixture(t *testing.T) (*outboxtest.InboxFixture, *inbox.SQL, *sql.DB) {
-	return backends[1].newSQLFixture(t, false)
+func sqliteFixture(t *testing.T) (*outboxtest.InboxFixture, *sqlinbox.Inbox, *sql.DB) {
+	return fixtures.InboxBackends[1].NewSQLInbox(t, false)
 }
 
 func TestNewMiddlewareRejectsBadOptions(t *testing.T) {
@@ -57,7 +60,10 @@ func TestNewMiddlewareRejectsBadOptions(t *testing.T) {
 
 func TestMiddleware(t *testing.T) {
 	f, ib, _ := sqliteFixture(t)
-	mw, err := inbox.NewMiddleware(ib, inbox.Options{Consumer: "inventory"})
+	var dups []string
+	mw, err := inbox.NewMiddleware(ib, inbox.Options{Consumer: "inventory", OnDuplicate: func(_ context.Context, consumer, eventID string) {
+		dups = append(dups, consumer+"/"+eventID)
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +73,7 @@ func TestMiddleware(t *testing.T) {
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		runs++
 		ctx := msg.Context()
-		if inbox.Tx(ctx) == nil {
+		if sqlinbox.Tx(ctx) == nil {
 			t.Error("handler: no transaction in msg.Context()")
 		}
 		if err := f.Effect(ctx, msg.Metadata.Get(core.HeaderEventID)); err != nil {
@@ -88,14 +94,20 @@ func TestMiddleware(t *testing.T) {
 		if err != nil || len(got) != 1 || got[0] != out || runs != 1 {
 			t.Fatalf("h = (%v, %v) after %d runs, want the handler's messages after 1", got, err, runs)
 		}
-		if msg.Context() != orig || inbox.Tx(msg.Context()) != nil {
+		if msg.Context() != orig || sqlinbox.Tx(msg.Context()) != nil {
 			t.Error("the message's context was not restored after the handler")
+		}
+		if len(dups) != 0 {
+			t.Errorf("OnDuplicate called for a first delivery: %v", dups)
 		}
 	})
 	t.Run("DuplicateIsAckedWithoutHandler", func(t *testing.T) {
 		got, err := h(eventMessage(id))
 		if err != nil || got != nil || runs != 1 {
 			t.Fatalf("duplicate: h = (%v, %v), handler runs %d; want (nil, nil), 1", got, err, runs)
+		}
+		if want := []string{"inventory/" + id}; !slices.Equal(dups, want) {
+			t.Errorf("OnDuplicate calls %v, want %v", dups, want)
 		}
 	})
 	t.Run("HandlerErrorIsReturnedAndRolledBack", func(t *testing.T) {
@@ -154,7 +166,7 @@ func TestMissingEventIDPolicies(t *testing.T) {
 		runs := 0
 		h := mw(func(msg *message.Message) ([]*message.Message, error) {
 			runs++
-			if hasID := msg.Metadata.Get(core.HeaderEventID) != ""; hasID != (inbox.Tx(msg.Context()) != nil) {
+			if hasID := msg.Metadata.Get(core.HeaderEventID) != ""; hasID != (sqlinbox.Tx(msg.Context()) != nil) {
 				t.Errorf("message with event id %v: inbox transaction %v", hasID, !hasID)
 			}
 			return nil, nil
@@ -267,10 +279,10 @@ func runRouter(t *testing.T, r *message.Router) {
 // redelivered. Every event must take effect exactly once in the consumer's
 // own table.
 func TestTwoRoutersRaceDuplicates(t *testing.T) {
-	for _, b := range backends[:2] {
-		t.Run(b.name, func(t *testing.T) {
+	for _, b := range fixtures.InboxBackends[:2] {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			f, ib, _ := b.newSQLFixture(t, false)
+			f, ib, _ := b.NewSQLInbox(t, false)
 			pubSub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 			t.Cleanup(func() { pubSub.Close() })
 			var runs, fails, delivered atomic.Int64

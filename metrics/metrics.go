@@ -87,6 +87,8 @@ type Metrics struct {
 	lagging          prometheus.Gauge
 	statsTime        prometheus.Gauge
 
+	inboxDuplicates *prometheus.CounterVec
+
 	mu        sync.Mutex
 	seenTypes map[string]bool // event types with a per-type gauge set
 
@@ -160,6 +162,7 @@ func New(opts Options) (*Metrics, error) {
 		threshold:        gauge("lag_threshold_seconds", "Oldest-pending age above which the outbox counts as lagging."),
 		lagging:          gauge("lagging", "1 when the oldest pending event is older than lag_threshold_seconds at the last stats check, else 0."),
 		statsTime:        gauge("stats_last_success_timestamp_seconds", "Unix time of the last successful stats check; alert when it stops moving."),
+		inboxDuplicates:  counter("inbox_duplicates_total", "Deliveries the inbox absorbed because their event was already processed, by consumer.", "consumer"),
 		seenTypes:        map[string]bool{},
 	}
 	m.threshold.Set(opts.LagThreshold.Seconds())
@@ -167,7 +170,7 @@ func New(opts Options) (*Metrics, error) {
 		m.published, m.failed, m.dead, m.batches, m.claimed, m.released,
 		m.publishDuration, m.claimDuration, m.markDuration, m.lag,
 		m.pending, m.oldestPendingAge, m.deadEvents, m.pendingByType, m.oldestByType, m.deadByType,
-		m.threshold, m.lagging, m.statsTime,
+		m.threshold, m.lagging, m.statsTime, m.inboxDuplicates,
 	}
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(m); err != nil {
@@ -242,6 +245,14 @@ func (m *Metrics) ObserveStats(_ context.Context, s core.Stats) {
 		m.oldestByType.WithLabelValues(t).Set(ts.OldestPendingAge.Seconds())
 		m.deadByType.WithLabelValues(t).Set(float64(ts.Dead))
 	}
+}
+
+// InboxDuplicate counts a delivery the inbox absorbed. It has the signature
+// of inbox.Options.OnDuplicate:
+//
+//	mw, _ := inbox.NewMiddleware(ib, inbox.Options{Consumer: "billing", OnDuplicate: m.InboxDuplicate})
+func (m *Metrics) InboxDuplicate(_ context.Context, consumer, _ string) {
+	m.inboxDuplicates.WithLabelValues(consumer).Inc()
 }
 
 func result(err error) string {

@@ -431,3 +431,42 @@ func TestReleasedEventsCounted(t *testing.T) {
 		t.Fatalf("released = %v, want 3 (the second Release gave nothing back)", got)
 	}
 }
+
+// The inbox reports every duplicate it absorbs through OnDuplicate, which
+// InboxDuplicate counts by consumer.
+func TestInboxDuplicatesCounted(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := metrics.New(metrics.Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hook func(context.Context, string, string) = m.InboxDuplicate // inbox.Options.OnDuplicate's type
+	hook(context.Background(), "billing", "e-1")
+	hook(context.Background(), "billing", "e-2")
+	hook(context.Background(), "mailer", "e-1")
+	if got := testutil.ToFloat64(counterOf(t, reg, "txoutbox_inbox_duplicates_total", "billing")); got != 2 {
+		t.Fatalf("billing duplicates = %v, want 2", got)
+	}
+}
+
+func counterOf(t *testing.T, reg *prometheus.Registry, name, consumer string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			for _, lp := range mt.GetLabel() {
+				if lp.GetName() == "consumer" && lp.GetValue() == consumer {
+					return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x", Help: "x"}, func() float64 { return mt.GetCounter().GetValue() })
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{consumer=%q}", name, consumer)
+	return nil
+}

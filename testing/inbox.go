@@ -259,7 +259,7 @@ func RunInbox(t *testing.T, newInbox NewInboxFunc) {
 			}
 		}
 		var progress []int64
-		n, err := inbox.Cleanup(ctx, f.Cleaner, core.CleanupOptions{BatchSize: 3, OnProgress: func(d int64) { progress = append(progress, d) }})
+		n, err := inbox.Cleanup(ctx, f.Cleaner, inbox.CleanupOptions{BatchSize: 3, OnProgress: func(d int64) { progress = append(progress, d) }})
 		if err != nil {
 			t.Fatalf("Cleanup: %v", err)
 		}
@@ -273,7 +273,7 @@ func RunInbox(t *testing.T, newInbox NewInboxFunc) {
 			inboxWantProcessed(t, f, "c1", id, ages[i] < inbox.DefaultRetention)
 		}
 		// A shorter window deletes the 40-day-old record too.
-		if n, err := inbox.Cleanup(ctx, f.Cleaner, core.CleanupOptions{Retention: 35 * 24 * time.Hour}); err != nil || n != 1 {
+		if n, err := inbox.Cleanup(ctx, f.Cleaner, inbox.CleanupOptions{Retention: 35 * 24 * time.Hour}); err != nil || n != 1 {
 			t.Errorf("Cleanup(35 days) = (%d, %v), want (1, nil)", n, err)
 		}
 		inboxWantProcessed(t, f, "c1", evIDs[0], true)

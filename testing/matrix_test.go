@@ -24,7 +24,7 @@ import (
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/gormfixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
@@ -125,14 +125,14 @@ func sqlInbox(t *testing.T, db *sql.DB, d dialect.Dialect) *outboxtest.InboxFixt
 		t.Fatal(err)
 	}
 	xdb := sqlx.NewDb(db, map[bool]string{true: "pgx", false: "sqlite"}[d == dialect.Postgres])
-	ib, err := inbox.NewSQL(xdb, inbox.SQLOptions{Dialect: d, Logger: quiet})
+	ib, err := sqlinbox.New(xdb, sqlinbox.Options{Dialect: d, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &outboxtest.InboxFixture{
 		Inbox: ib,
 		Effect: func(ctx context.Context, key string) error {
-			tx := inbox.Txx(ctx)
+			tx := sqlinbox.Txx(ctx)
 			if tx == nil {
 				return errors.New("no transaction in the handler's context")
 			}

@@ -49,6 +49,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
 )
 
 // config is everything the service reads from flags and the environment.
@@ -136,7 +137,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		return err
 	}
 
-	ib, err := inbox.NewSQL(db, inbox.SQLOptions{Dialect: d, Logger: cfg.Log})
+	ib, err := sqlinbox.New(db, sqlinbox.Options{Dialect: d, Logger: cfg.Log})
 	if err != nil {
 		return err
 	}
@@ -186,7 +187,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 
 	// Old inbox records go after 45 days (longer than the producer's 30-day
 	// outbox retention), in batches.
-	go func() { _ = inbox.RunCleanup(ctx, ib, core.CleanupOptions{Logger: cfg.Log}) }()
+	go func() { _ = inbox.RunCleanup(ctx, ib, inbox.CleanupOptions{Logger: cfg.Log}) }()
 
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -298,7 +299,7 @@ func decrementStock(msg *message.Message) error {
 		return fmt.Errorf("%w: payload: %w", errUnknownSKU, err)
 	}
 	ctx := msg.Context()
-	tx := inbox.Txx(ctx)
+	tx := sqlinbox.Txx(ctx)
 	for _, it := range order.Items {
 		res, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE stock SET qty = qty - ? WHERE sku = ?`), it.Qty, it.SKU)
 		if err != nil {

@@ -1,4 +1,15 @@
-package inbox
+// Package sqlinbox is the inbox (core.Inbox) on database/sql and sqlx, for
+// PostgreSQL and SQLite: Process records (consumer, event_id) in the table
+// processed_events and runs the handler in the same transaction, which the
+// handler reaches with Tx or Txx. Use it with inbox.NewMiddleware:
+//
+//	ib, err := sqlinbox.New(db, sqlinbox.Options{})
+//	dedup, err := inbox.NewMiddleware(ib, inbox.Options{Consumer: "inventory"})
+//	router.AddMiddleware(dedup)
+//
+// Package gorminbox is the same on GORM, in its own package so that each
+// consumer compiles only its own database library.
+package sqlinbox
 
 import (
 	"context"
@@ -16,7 +27,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/sqlitebusy"
 )
 
-// DB is what NewSQL needs from a database handle. *sql.DB and *sqlx.DB
+// DB is what New needs from a database handle. *sql.DB and *sqlx.DB
 // satisfy it.
 type DB interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
@@ -29,8 +40,8 @@ type sqlxBeginner interface {
 	BeginTxx(ctx context.Context, opts *sql.TxOptions) (*sqlx.Tx, error)
 }
 
-// SQLOptions configures NewSQL.
-type SQLOptions struct {
+// Options configures New.
+type Options struct {
 	// Dialect is dialect.Postgres or dialect.SQLite. The zero value detects
 	// it from the handle: the driver name of a *sqlx.DB, the driver type of a
 	// *sql.DB (pgx, pq, modernc.org/sqlite, mattn/go-sqlite3).
@@ -57,27 +68,28 @@ type SQLOptions struct {
 	Logger *slog.Logger
 }
 
-// SQL is a core.Inbox on database/sql, for PostgreSQL and SQLite. It also
-// deletes old records (DeleteProcessed) for Cleanup.
-type SQL struct {
+// Inbox is a core.Inbox on database/sql, for PostgreSQL and SQLite. It also
+// deletes old records (DeleteProcessed) for inbox.Cleanup.
+type Inbox struct {
 	db     DB
 	sqlx   sqlxBeginner // nil unless db is a *sqlx.DB
 	q      *dialect.InboxQueries
 	d      dialect.Dialect
-	opts   SQLOptions
+	opts   Options
 	sqlite bool
 }
 
-var _ core.Inbox = (*SQL)(nil)
+var _ core.Inbox = (*Inbox)(nil)
 
-// NewSQL returns an inbox that records processed events in opts.Table
-// through db. It does not create the table: run dialect.Migrate first.
-func NewSQL(db DB, opts SQLOptions) (*SQL, error) {
+// New returns an inbox that records processed events in opts.Table through
+// db. It does not create the table: run dialect.Migrate (or txoutbox
+// migrate) first.
+func New(db DB, opts Options) (*Inbox, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: inbox.NewSQL needs a database handle", core.ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: sqlinbox.New needs a database handle", core.ErrInvalidOptions)
 	}
 	if opts.BusyTimeout < 0 {
-		return nil, fmt.Errorf("%w: negative inbox.SQLOptions.BusyTimeout", core.ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: negative sqlinbox.Options.BusyTimeout", core.ErrInvalidOptions)
 	}
 	if opts.BusyTimeout == 0 {
 		opts.BusyTimeout = 30 * time.Second
@@ -91,7 +103,7 @@ func NewSQL(db DB, opts SQLOptions) (*SQL, error) {
 	if opts.Dialect.IsZero() {
 		d, ok := detectDialect(db)
 		if !ok {
-			return nil, fmt.Errorf("%w: inbox.NewSQL cannot tell the database of %T; set SQLOptions.Dialect", core.ErrInvalidOptions, db)
+			return nil, fmt.Errorf("%w: sqlinbox.New cannot tell the database of %T; set Options.Dialect", core.ErrInvalidOptions, db)
 		}
 		opts.Dialect = d
 	}
@@ -99,7 +111,7 @@ func NewSQL(db DB, opts SQLOptions) (*SQL, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", core.ErrInvalidOptions, err)
 	}
-	s := &SQL{db: db, q: q, d: opts.Dialect, opts: opts, sqlite: opts.Dialect == dialect.SQLite}
+	s := &Inbox{db: db, q: q, d: opts.Dialect, opts: opts, sqlite: opts.Dialect == dialect.SQLite}
 	if b, ok := db.(sqlxBeginner); ok {
 		s.sqlx = b
 	}
@@ -107,10 +119,10 @@ func NewSQL(db DB, opts SQLOptions) (*SQL, error) {
 }
 
 // Table returns the inbox table's name, as configured.
-func (s *SQL) Table() string { return s.opts.Table }
+func (s *Inbox) Table() string { return s.opts.Table }
 
 // Dialect returns the dialect in use, configured or detected.
-func (s *SQL) Dialect() dialect.Dialect { return s.d }
+func (s *Inbox) Dialect() dialect.Dialect { return s.d }
 
 // CheckSQLite warns through the logger when db is SQLite and the connection
 // it gets has no busy_timeout: then a second writer fails at once with
@@ -118,13 +130,13 @@ func (s *SQL) Dialect() dialect.Dialect { return s.d }
 // own first statement. Set it in the DSN for every connection, e.g.
 // "file:app.db?_pragma=busy_timeout(10000)" with modernc.org/sqlite. It
 // returns the timeout found (0 on PostgreSQL).
-func (s *SQL) CheckSQLite(ctx context.Context) (time.Duration, error) {
+func (s *Inbox) CheckSQLite(ctx context.Context) (time.Duration, error) {
 	if !s.sqlite {
 		return 0, nil
 	}
 	var ms int64
 	if err := s.db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err != nil {
-		return 0, fmt.Errorf("inbox: read busy_timeout: %w", err)
+		return 0, fmt.Errorf("sqlinbox: read busy_timeout: %w", err)
 	}
 	if ms == 0 {
 		s.opts.Logger.Warn("txoutbox: SQLite connection has no busy_timeout; concurrent writers fail with SQLITE_BUSY instead of waiting",
@@ -178,9 +190,9 @@ func ContextWithTx(ctx context.Context, tx *sql.Tx, txx *sqlx.Tx) context.Contex
 // without running fn when the pair was recorded before. An error or panic of
 // fn rolls the transaction back; the error is returned as it is, the panic
 // goes on.
-func (s *SQL) Process(ctx context.Context, consumer, eventID string, fn func(ctx context.Context) error) (processed bool, err error) {
+func (s *Inbox) Process(ctx context.Context, consumer, eventID string, fn func(ctx context.Context) error) (processed bool, err error) {
 	if consumer == "" {
-		return false, fmt.Errorf("%w: inbox: empty consumer", core.ErrInvalidOptions)
+		return false, fmt.Errorf("%w: sqlinbox: empty consumer", core.ErrInvalidOptions)
 	}
 	if eventID == "" {
 		return false, core.ErrMissingEventID
@@ -204,7 +216,7 @@ func (s *SQL) Process(ctx context.Context, consumer, eventID string, fn func(ctx
 	if err := fn(context.WithValue(ctx, txKey{}, v)); err != nil {
 		done = true
 		if rerr := v.tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
-			return false, errors.Join(err, fmt.Errorf("inbox: rollback: %w", rerr))
+			return false, errors.Join(err, fmt.Errorf("sqlinbox: rollback: %w", rerr))
 		}
 		return false, err
 	}
@@ -212,7 +224,7 @@ func (s *SQL) Process(ctx context.Context, consumer, eventID string, fn func(ctx
 	if err := v.tx.Commit(); err != nil {
 		// Unknown outcome at worst (connection lost during COMMIT): the
 		// redelivery then either skips or processes, never both.
-		return false, fmt.Errorf("inbox: commit event %s for %s: %w", eventID, consumer, err)
+		return false, fmt.Errorf("sqlinbox: commit event %s for %s: %w", eventID, consumer, err)
 	}
 	return true, nil
 }
@@ -221,7 +233,7 @@ func (s *SQL) Process(ctx context.Context, consumer, eventID string, fn func(ctx
 // while another writer holds the lock. Retrying is safe because nothing has
 // run yet; later statements of the transaction cannot be refused that way,
 // since the successful INSERT already holds SQLite's write lock.
-func (s *SQL) record(ctx context.Context, consumer, eventID string) (*txValue, bool, error) {
+func (s *Inbox) record(ctx context.Context, consumer, eventID string) (*txValue, bool, error) {
 	start := time.Now()
 	wait := time.Millisecond
 	for {
@@ -236,12 +248,12 @@ func (s *SQL) record(ctx context.Context, consumer, eventID string) (*txValue, b
 				n, err := res.RowsAffected()
 				if err != nil {
 					_ = v.tx.Rollback()
-					return nil, false, fmt.Errorf("inbox: rows affected: %w", err)
+					return nil, false, fmt.Errorf("sqlinbox: rows affected: %w", err)
 				}
 				return v, n == 1, nil
 			}
 			_ = v.tx.Rollback()
-			err = fmt.Errorf("inbox: record event %s for %s: %w", eventID, consumer, err)
+			err = fmt.Errorf("sqlinbox: record event %s for %s: %w", eventID, consumer, err)
 		}
 		if !s.sqlite || !sqlitebusy.Is(err) || time.Since(start) >= s.opts.BusyTimeout {
 			return nil, false, err
@@ -250,24 +262,24 @@ func (s *SQL) record(ctx context.Context, consumer, eventID string) (*txValue, b
 		d := wait/2 + rand.N(wait/2+1)
 		select {
 		case <-ctx.Done():
-			return nil, false, fmt.Errorf("inbox: %w (after %w)", ctx.Err(), err)
+			return nil, false, fmt.Errorf("sqlinbox: %w (after %w)", ctx.Err(), err)
 		case <-time.After(d):
 		}
 		wait = min(2*wait, 25*time.Millisecond)
 	}
 }
 
-func (s *SQL) begin(ctx context.Context) (*txValue, error) {
+func (s *Inbox) begin(ctx context.Context) (*txValue, error) {
 	if s.sqlx != nil {
 		txx, err := s.sqlx.BeginTxx(ctx, s.opts.TxOptions)
 		if err != nil {
-			return nil, fmt.Errorf("inbox: begin: %w", err)
+			return nil, fmt.Errorf("sqlinbox: begin: %w", err)
 		}
 		return &txValue{tx: txx.Tx, txx: txx}, nil
 	}
 	tx, err := s.db.BeginTx(ctx, s.opts.TxOptions)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: begin: %w", err)
+		return nil, fmt.Errorf("sqlinbox: begin: %w", err)
 	}
 	return &txValue{tx: tx}, nil
 }
@@ -275,32 +287,32 @@ func (s *SQL) begin(ctx context.Context) (*txValue, error) {
 // DeleteProcessed deletes at most limit records processed before the given
 // time, of every consumer, and returns how many it deleted. Cleanup calls it
 // in a loop.
-func (s *SQL) DeleteProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
+func (s *Inbox) DeleteProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("%w: DeleteProcessed limit %d", core.ErrInvalidOptions, limit)
 	}
 	q, args := s.q.DeleteProcessedBefore(before, limit)
 	res, err := s.db.ExecContext(ctx, q, args...)
 	if err != nil {
-		return 0, fmt.Errorf("inbox: delete processed before %s: %w", before.Format(time.RFC3339), err)
+		return 0, fmt.Errorf("sqlinbox: delete processed before %s: %w", before.Format(time.RFC3339), err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return 0, fmt.Errorf("inbox: rows affected: %w", err)
+		return 0, fmt.Errorf("sqlinbox: rows affected: %w", err)
 	}
 	return n, nil
 }
 
 // Processed reports whether (consumer, eventID) is recorded, for tests and
 // tools.
-func (s *SQL) Processed(ctx context.Context, consumer, eventID string) (bool, error) {
+func (s *Inbox) Processed(ctx context.Context, consumer, eventID string) (bool, error) {
 	q, args := s.q.Exists(consumer, eventID)
 	var one int
 	switch err := s.db.QueryRowContext(ctx, q, args...).Scan(&one); {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("inbox: look up event %s for %s: %w", eventID, consumer, err)
+		return false, fmt.Errorf("sqlinbox: look up event %s for %s: %w", eventID, consumer, err)
 	}
 	return true, nil
 }

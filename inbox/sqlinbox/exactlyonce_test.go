@@ -1,4 +1,4 @@
-package inbox_test
+package sqlinbox_test
 
 import (
 	"log/slog"
@@ -32,7 +32,7 @@ func newSQLiteProducer(t *testing.T) *outboxtest.StoreFixture {
 // newConsumer is the consumer side: the inbox on its own PostgreSQL
 // database, with the consumer's own effects table.
 func newConsumer(t *testing.T) *outboxtest.InboxFixture {
-	f, _, _ := backends[0].newSQLFixture(t, false)
+	f, _, _ := fixtures.InboxBackends[0].NewSQLInbox(t, false)
 	return f
 }
 
@@ -52,7 +52,7 @@ func goChannelBroker(t *testing.T) *outboxtest.BrokerFixture {
 func TestExactlyOnceSQLite(t *testing.T) {
 	t.Parallel()
 	outboxtest.RunExactlyOnce(t, newSQLiteProducer, goChannelBroker, func(t *testing.T) *outboxtest.InboxFixture {
-		f, _, _ := backends[1].newSQLFixture(t, true)
+		f, _, _ := fixtures.InboxBackends[1].NewSQLInbox(t, true)
 		return f
 	})
 }

@@ -1,4 +1,4 @@
-package inbox_test
+package sqlinbox_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
 )
 
 // TestPostgresDuplicateWaitsOnRowLock shows why concurrent duplicates take
@@ -17,7 +18,7 @@ import (
 // affects no row, and the handler is skipped.
 func TestPostgresDuplicateWaitsOnRowLock(t *testing.T) {
 	t.Parallel()
-	f, ib, db := backends[0].newSQLFixture(t, false)
+	f, ib, db := fixtures.InboxBackends[0].NewSQLInbox(t, false)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	id := uuid.NewString()

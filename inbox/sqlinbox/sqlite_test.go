@@ -1,4 +1,4 @@
-package inbox_test
+package sqlinbox_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 )
 
@@ -27,11 +27,11 @@ func TestSQLiteBeginImmediateWithoutBusyTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	migrate(t, db, dialect.SQLite)
+	fixtures.MigrateInbox(t, db, dialect.SQLite)
 	if _, err := db.Exec(fixtures.EffectsDDL); err != nil {
 		t.Fatal(err)
 	}
-	ib, err := inbox.NewSQL(db, inbox.SQLOptions{BusyTimeout: 3 * time.Minute})
+	ib, err := sqlinbox.New(db, sqlinbox.Options{BusyTimeout: 3 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestSQLiteBeginImmediateWithoutBusyTimeout(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				_, err := ib.Process(ctx, "c1", evIDs[i], func(ctx context.Context) error {
-					_, err := inbox.Tx(ctx).ExecContext(ctx, `INSERT INTO effects (key) VALUES (?)`, evIDs[i])
+					_, err := sqlinbox.Tx(ctx).ExecContext(ctx, `INSERT INTO effects (key) VALUES (?)`, evIDs[i])
 					time.Sleep(5 * time.Millisecond)
 					return err
 				})

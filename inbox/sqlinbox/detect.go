@@ -1,4 +1,4 @@
-package inbox
+package sqlinbox
 
 import (
 	"database/sql/driver"
