@@ -96,7 +96,14 @@ func TestPartitionedMigrateAndEnsure(t *testing.T) {
 		t.Fatal(err)
 	}
 	evs := []core.Event{{EventType: "order.created", Payload: []byte(`{}`)}}
-	if err := box.Enqueue(ctx, db, evs...); err != nil {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := box.Enqueue(ctx, tx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
 	var part string

@@ -41,8 +41,11 @@ import (
 )
 
 // SQLiteClaimLease is DB.ClaimLease on SQLite: short, so that the crash
-// test waits seconds, and longer than any publish of the suite.
-const SQLiteClaimLease = 2 * time.Second
+// test waits seconds, and longer than any batch of the suite takes to
+// publish and mark, even with four relays queueing for SQLite's one writer
+// under the race detector (2s was not: a lease ran out and a batch was
+// claimed twice).
+const SQLiteClaimLease = 5 * time.Second
 
 // DefaultOrdersTable is the default Options.OrdersTable.
 const DefaultOrdersTable = "txoutbox_fixture_orders"
