@@ -3,6 +3,7 @@ package amqpbroker
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -21,6 +22,22 @@ const DefaultChannels = 4
 // the buffer of the channel's returns, so that RabbitMQ's reader goroutine
 // never blocks on a return while we wait for confirms.
 const maxInFlight = 1024
+
+// AMQP limits the publisher checks before it sends anything, so that one
+// event the broker would refuse fails alone instead of closing the channel
+// under the rest of its batch.
+const (
+	// MaxShortString is the longest AMQP short string: exchange names,
+	// routing keys, header names.
+	MaxShortString = 255
+	// DefaultMaxMessageBytes is RabbitMQ's default max_message_size
+	// (128 MiB), the default of Options.MaxMessageBytes.
+	DefaultMaxMessageBytes = 128 << 20
+)
+
+// errNotSent marks the events of a batch that a failed channel kept from
+// being written at all: they are sent again on a fresh channel.
+var errNotSent = errors.New("amqpbroker: not sent")
 
 // Options configures a Publisher.
 type Options struct {
@@ -44,6 +61,10 @@ type Options struct {
 	// publisher keeps; concurrent Publish calls (relay workers) use one
 	// each. Default DefaultChannels.
 	Channels int
+	// MaxMessageBytes is the largest message body the broker takes (its
+	// max_message_size); a larger event fails permanently before it is
+	// sent. Default DefaultMaxMessageBytes.
+	MaxMessageBytes int
 	// TLSConfig replaces the TLS configuration of an amqps:// URL (private
 	// CA, client certificate). Optional.
 	TLSConfig *tls.Config
@@ -64,6 +85,7 @@ type Publisher struct {
 	topic     core.TopicFunc
 	consumers []string
 	mandatory bool
+	maxBytes  int
 	marshal   wamqp.DefaultMarshaler
 	pool      chan *confirmChannel
 
@@ -93,6 +115,12 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if opts.Channels == 0 {
 		opts.Channels = DefaultChannels
 	}
+	if opts.MaxMessageBytes < 0 {
+		return nil, fmt.Errorf("%w: amqpbroker: negative MaxMessageBytes", core.ErrInvalidOptions)
+	}
+	if opts.MaxMessageBytes == 0 {
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
+	}
 	if opts.Topic == nil {
 		opts.Topic = core.TopicByEventType
 	}
@@ -109,6 +137,7 @@ func NewPublisher(opts Options) (*Publisher, error) {
 		topic:     opts.Topic,
 		consumers: opts.Consumers,
 		mandatory: !opts.AllowUnroutable,
+		maxBytes:  opts.MaxMessageBytes,
 		pool:      make(chan *confirmChannel, opts.Channels),
 		declared:  map[string]uint64{},
 	}
@@ -130,6 +159,15 @@ func (p *Publisher) Capabilities() core.PublisherCapabilities { return core.Publ
 // or connection closed. All messages are published before the first confirm
 // is awaited, so a batch costs about one round trip and one disk sync.
 //
+// An event RabbitMQ can never take (a routing key, exchange or header name
+// over 255 bytes, a header value AMQP cannot encode, a body over
+// MaxMessageBytes) fails alone, permanently (core.Permanent), before
+// anything is sent. When the channel fails anyway (a declaration refused,
+// the broker closing it), the events it kept from being written, and those
+// it left unconfirmed, are sent again once on a fresh channel within the
+// same call, so that they do not pay for another event's fault; a
+// duplicate that this may make is absorbed by the consumers' inbox.
+//
 // RabbitMQ keeps the order of one channel's messages in a queue, so one
 // aggregate's events arrive in the order of the batch.
 func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
@@ -146,34 +184,59 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	defer func() { p.pool <- cc }()
 
 	for start := 0; start < len(events); start += maxInFlight {
-		chunk := events[start:min(start+maxInFlight, len(events))]
-		var err error
-		if err = ctx.Err(); err == nil {
-			cc, err = p.channel(cc)
+		idx := make([]int, 0, maxInFlight)
+		for i := start; i < min(start+maxInFlight, len(events)); i++ {
+			idx = append(idx, i)
 		}
-		if err != nil {
-			for i := range chunk {
-				be.Errs[start+i] = fmt.Errorf("event %s: %w", chunk[i].ID, err)
+		for try := 0; len(idx) > 0; try++ {
+			cc = p.publishOnce(ctx, cc, events, idx, be.Errs)
+			// Send again what a failed channel kept back, once.
+			var again []int
+			for _, i := range idx {
+				if errors.Is(be.Errs[i], errNotSent) {
+					again = append(again, i)
+				}
 			}
-			continue
+			if try > 0 || ctx.Err() != nil {
+				break
+			}
+			for _, i := range again {
+				be.Errs[i] = nil
+			}
+			idx = again
 		}
-		if !p.publishChunk(ctx, cc, chunk, be.Errs[start:start+len(chunk)]) {
-			continue
-		}
-		// Broken: the next Publish opens a fresh channel.
-		if ctx.Err() != nil {
-			// RabbitMQ did not confirm in time. If it stopped reading this
-			// connection (a memory or disk alarm blocks publishers without
-			// a word), closing the channel would wait for an answer that
-			// never comes; dropping the connection frees every call on it,
-			// and the publisher re-dials.
-			p.conn.drop(cc.gen, ctx.Err())
-		} else {
-			cc.ch.Close()
-		}
-		cc = nil
 	}
 	return be.ErrOrNil()
+}
+
+// publishOnce publishes events[i] for i in idx on cc (or a fresh channel)
+// and fills errs; it returns the channel to keep, nil when it broke.
+func (p *Publisher) publishOnce(ctx context.Context, cc *confirmChannel, events []core.Event, idx []int, errs []error) *confirmChannel {
+	var err error
+	if err = ctx.Err(); err == nil {
+		cc, err = p.channel(cc)
+	}
+	if err != nil {
+		for _, i := range idx {
+			errs[i] = fmt.Errorf("event %s: %w", events[i].ID, err)
+		}
+		return cc
+	}
+	if !p.publishChunk(ctx, cc, events, idx, errs) {
+		return cc
+	}
+	// Broken: the next call opens a fresh channel.
+	if ctx.Err() != nil {
+		// RabbitMQ did not confirm in time. If it stopped reading this
+		// connection (a memory or disk alarm blocks publishers without a
+		// word), closing the channel would wait for an answer that never
+		// comes; dropping the connection frees every call on it, and the
+		// publisher re-dials.
+		p.conn.drop(cc.gen, ctx.Err())
+	} else {
+		cc.ch.Close()
+	}
+	return nil
 }
 
 // channel returns cc if it is still open on the current connection, or a
@@ -197,46 +260,73 @@ func (p *Publisher) channel(cc *confirmChannel) (*confirmChannel, error) {
 	return &confirmChannel{ch: ch, gen: gen, returns: ch.NotifyReturn(make(chan amqp.Return, maxInFlight))}, nil
 }
 
-// publishChunk publishes at most maxInFlight events and waits for their
-// confirms, filling errs. It reports whether the channel is broken.
-func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events []core.Event, errs []error) (broken bool) {
-	confirms := make([]*amqp.DeferredConfirmation, len(events))
-	exchanges := make([]string, len(events))
-	for i := range events {
+// check returns why RabbitMQ can never take msg for topic on exchange, or
+// nil.
+func (p *Publisher) check(topic, exchange string, msg *amqp.Publishing) error {
+	switch {
+	case len(topic) > MaxShortString:
+		return fmt.Errorf("routing key (topic) is %d bytes, AMQP takes %d", len(topic), MaxShortString)
+	case len(exchange) > MaxShortString:
+		return fmt.Errorf("exchange name is %d bytes, AMQP takes %d", len(exchange), MaxShortString)
+	case len(msg.Body) > p.maxBytes:
+		return fmt.Errorf("body is %d bytes, above MaxMessageBytes %d", len(msg.Body), p.maxBytes)
+	}
+	for k := range msg.Headers {
+		if len(k) > MaxShortString {
+			return fmt.Errorf("header name %.32q… is %d bytes, AMQP takes %d", k, len(k), MaxShortString)
+		}
+	}
+	if err := msg.Headers.Validate(); err != nil {
+		return fmt.Errorf("headers: %w", err)
+	}
+	return nil
+}
+
+// publishChunk publishes events[i] for i in idx (at most maxInFlight) and
+// waits for their confirms, filling errs. It reports whether the channel is
+// broken.
+func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events []core.Event, idx []int, errs []error) (broken bool) {
+	confirms := make(map[int]*amqp.DeferredConfirmation, len(idx))
+	exchanges := make(map[int]string, len(idx))
+	for n, i := range idx {
 		ev := &events[i]
 		topic := p.topic(ev)
 		if topic == "" {
-			errs[i] = fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID)
+			errs[i] = core.Permanent(fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID))
 			continue
 		}
-		exchange, err := p.declare(cc, topic)
+		msg, err := p.marshal.Marshal(watermillbroker.NewMessage(ctx, ev))
 		if err != nil {
+			errs[i] = core.Permanent(fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err))
+			continue
+		}
+		exchange := p.topology.ExchangeName(topic)
+		if err := p.check(topic, exchange, &msg); err != nil {
+			errs[i] = core.Permanent(fmt.Errorf("%w: %w: %s event %s: %w", ErrPublish, core.ErrInvalidEvent, ev.EventType, ev.ID, err))
+			continue
+		}
+		if _, err := p.declare(cc, topic); err != nil {
 			errs[i] = fmt.Errorf("%w: event %s: %w", ErrPublish, ev.ID, err)
+			markNotSent(events, idx[n+1:], errs)
 			broken = true
 			break // a failed declaration closes the channel
 		}
 		exchanges[i] = exchange
-		msg, err := p.marshal.Marshal(watermillbroker.NewMessage(ctx, ev))
-		if err != nil {
-			errs[i] = fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err)
-			continue
-		}
 		// MessageId matches a basic.return to its event.
 		msg.MessageId = ev.ID
 		msg.ContentType = "application/json"
 		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, topic, p.mandatory, false, msg)
 		if err != nil {
 			errs[i] = fmt.Errorf("%w: %s event %s to exchange %q: %w", ErrPublish, ev.EventType, ev.ID, exchange, err)
+			markNotSent(events, idx[n+1:], errs)
 			broken = true
 			break
 		}
 		confirms[i] = dc
 	}
-	for i, dc := range confirms {
+	for _, i := range idx {
+		dc := confirms[i]
 		if dc == nil {
-			if errs[i] == nil {
-				errs[i] = fmt.Errorf("%w: event %s not sent: the channel failed before it", ErrPublish, events[i].ID)
-			}
 			continue
 		}
 		ack, err := dc.WaitContext(ctx)
@@ -245,6 +335,11 @@ func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events
 			// The broker may still take it; the relay retries and the
 			// consumer's inbox absorbs a duplicate.
 			errs[i] = fmt.Errorf("%w: event %s: waiting for confirm: %w", ErrPublish, events[i].ID, err)
+			broken = true
+		case !ack && cc.ch.IsClosed():
+			// amqp091 nacks what was unconfirmed when the channel closed,
+			// for another event's fault as often as not: send it again.
+			errs[i] = fmt.Errorf("%w: %s event %s: the channel closed before its confirm: %w", ErrPublish, events[i].EventType, events[i].ID, errNotSent)
 			broken = true
 		case !ack:
 			errs[i] = fmt.Errorf("%w: %s event %s to exchange %q: %w", ErrPublish, events[i].EventType, events[i].ID, exchanges[i], ErrNacked)
@@ -259,13 +354,24 @@ func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events
 			if !ok {
 				return true
 			}
-			for i := range events {
+			for _, i := range idx {
 				if events[i].ID == r.MessageId && errs[i] == nil {
-					errs[i] = fmt.Errorf("%w: %s event %s: exchange %q routed it to no queue (%d %s)", ErrUnroutable, events[i].EventType, events[i].ID, r.Exchange, r.ReplyCode, r.ReplyText)
+					errs[i] = fmt.Errorf("%w: %s event %s: exchange %q routed it to no queue (%d %s); declare the consumers' queues with Options.Consumers (relay --broker 'amqp://...?consumers=billing'), bind one, or set AllowUnroutable",
+						ErrUnroutable, events[i].EventType, events[i].ID, r.Exchange, r.ReplyCode, r.ReplyText)
 				}
 			}
 		default:
 			return broken
+		}
+	}
+}
+
+// markNotSent fails the events at idx that no error marks yet as kept back
+// by a failed channel (errNotSent), so that Publish sends them again.
+func markNotSent(events []core.Event, idx []int, errs []error) {
+	for _, i := range idx {
+		if errs[i] == nil {
+			errs[i] = fmt.Errorf("%w: event %s: the channel failed before it: %w", ErrPublish, events[i].ID, errNotSent)
 		}
 	}
 }

@@ -108,6 +108,7 @@ type Options struct {
 // Watermill subscribers read them as messages whose UUID is the event ID.
 type Publisher struct {
 	producer sarama.AsyncProducer
+	maxBytes int // the producer's MaxMessageBytes
 	topic    core.TopicFunc
 	marshal  Marshaler
 	drained  chan struct{} // closed when route has seen the producer's last outcome
@@ -161,7 +162,7 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafkabroker: connect producer: %w", err)
 	}
-	p := &Publisher{producer: producer, topic: opts.Topic, drained: make(chan struct{})}
+	p := &Publisher{producer: producer, maxBytes: cfg.Producer.MaxMessageBytes, topic: opts.Topic, drained: make(chan struct{})}
 	go p.route()
 	return p, nil
 }
@@ -221,13 +222,20 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	for i := range events {
 		ev := &events[i]
 		topic := p.topic(ev)
-		if topic == "" {
-			be.Errs[i] = fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID)
+		if err := validTopic(topic); err != nil {
+			be.Errs[i] = core.Permanent(fmt.Errorf("%w: %s event %s: %w", core.ErrInvalidEvent, ev.EventType, ev.ID, err))
 			continue
 		}
 		rec, err := p.marshal.Marshal(topic, watermillbroker.NewMessage(ctx, ev))
 		if err != nil {
 			be.Errs[i] = fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err)
+			continue
+		}
+		// sarama refuses a record above MaxMessageBytes too, but only
+		// after it entered the producer; refusing it here names the size.
+		if size := recordSize(rec); size > p.maxBytes {
+			be.Errs[i] = core.Permanent(fmt.Errorf("%w: %s event %s is about %d bytes as a Kafka record, above the producer's MaxMessageBytes %d: %w",
+				ErrPublish, ev.EventType, ev.ID, size, p.maxBytes, sarama.ErrMessageSizeTooLarge))
 			continue
 		}
 		rec.Metadata = slot{acks: acks, i: i}
@@ -253,7 +261,11 @@ func (p *Publisher) await(ctx context.Context, events []core.Event, acks <-chan 
 			delete(waiting, a.i)
 			if a.err != nil {
 				ev := &events[a.i]
-				be.Errs[a.i] = fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, ev.EventType, ev.ID, p.topic(ev), a.err)
+				err := fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, ev.EventType, ev.ID, p.topic(ev), a.err)
+				if refusedForGood(a.err) {
+					err = core.Permanent(err)
+				}
+				be.Errs[a.i] = err
 			}
 		case <-ctx.Done():
 			for i := range waiting {
@@ -263,6 +275,56 @@ func (p *Publisher) await(ctx context.Context, events []core.Event, acks <-chan 
 		}
 	}
 	return be.ErrOrNil()
+}
+
+// refusedForGood reports whether Kafka (or sarama) refused a record in a
+// way that sending it again cannot change.
+func refusedForGood(err error) bool {
+	for _, kerr := range []sarama.KError{sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidTopic, sarama.ErrMessageSetSizeTooLarge,
+		sarama.ErrInvalidRecord, sarama.ErrTopicAuthorizationFailed} {
+		if errors.Is(err, kerr) {
+			return true
+		}
+	}
+	return false
+}
+
+// MaxTopicLength is the longest topic name Kafka accepts.
+const MaxTopicLength = 249
+
+// validTopic applies Kafka's rules for topic names: 1 to 249 of
+// [a-zA-Z0-9._-], and not "." or "..".
+func validTopic(t string) error {
+	switch {
+	case t == "":
+		return errors.New("no topic")
+	case len(t) > MaxTopicLength:
+		return fmt.Errorf("topic %.32q… is %d bytes, Kafka takes %d", t, len(t), MaxTopicLength)
+	case t == "." || t == "..":
+		return fmt.Errorf("topic %q is not a legal name", t)
+	}
+	for _, c := range []byte(t) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic %.64q has a character Kafka refuses (%q; it takes a-z A-Z 0-9 . _ -)", t, c)
+		}
+	}
+	return nil
+}
+
+// recordSize estimates a record's size on the wire as sarama counts it
+// against MaxMessageBytes: key, value, headers and the fixed overhead.
+func recordSize(rec *sarama.ProducerMessage) int {
+	n := 70 // record batch and record overhead, generously
+	if rec.Key != nil {
+		n += rec.Key.Length()
+	}
+	if rec.Value != nil {
+		n += rec.Value.Length()
+	}
+	for _, h := range rec.Headers {
+		n += len(h.Key) + len(h.Value) + 10
+	}
+	return n
 }
 
 // Capabilities implements core.Publisher: PreservesAggregateOrder, so that

@@ -1,6 +1,8 @@
 package snsbroker_test
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
@@ -36,7 +38,7 @@ func newFixture(k fixtureKind) outboxtest.NewBrokerFunc {
 		}
 		sub := &Subscriber{t: t, g: g, raw: k.raw}
 		t.Cleanup(func() { sub.Close() })
-		return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub, Topic: topic}
+		return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub, Topic: topic, Poison: tooLarge}
 	}
 }
 
@@ -55,4 +57,12 @@ func TestConformance(t *testing.T) {
 			outboxtest.RunPublisher(t, newFixture(k))
 		})
 	}
+}
+
+// tooLarge is the event SNS cannot carry: a body over MaxMessageBytes. (A
+// header key too long for an attribute name is no poison here: it travels
+// in the overflow attribute.)
+func tooLarge(ev core.Event) core.Event {
+	ev.Payload = json.RawMessage(`"` + strings.Repeat("x", snsbroker.MaxMessageBytes) + `"`)
+	return ev
 }

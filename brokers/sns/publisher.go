@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
+	"github.com/aws/smithy-go"
 
 	"github.com/txoutbox/txoutbox/core"
 )
@@ -250,7 +251,7 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 		ev := &events[i]
 		topic := p.opts.Topic(ev)
 		if topic == "" {
-			errs[i] = fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID)
+			errs[i] = core.Permanent(fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID))
 			continue
 		}
 		group := ev.AggregateID
@@ -304,7 +305,7 @@ func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry
 	fifo := IsFIFO(arn)
 	if p.opts.FIFOOnly && !fifo {
 		for _, e := range entries {
-			errs[e.idx] = fmt.Errorf("%w: event %s to %s (Options.FIFOOnly)", ErrNotFIFO, e.id, arn)
+			errs[e.idx] = core.Permanent(fmt.Errorf("%w: event %s to %s (Options.FIFOOnly)", ErrNotFIFO, e.id, arn))
 		}
 		return
 	}
@@ -319,8 +320,9 @@ func (p *Publisher) sendTopic(ctx context.Context, topic string, entries []entry
 			err = fmt.Errorf("%w: event %s is %d bytes, SNS takes %d", ErrMessageTooLarge, e.id, size, MaxMessageBytes)
 		}
 		// A bad event stays in line, so that on a FIFO topic it holds back
-		// its group's later events like a refused one.
-		ready = append(ready, prepared{entry: e, attrs: attrs, size: size, bad: err})
+		// its group's later events like a refused one. It can never be
+		// sent: the relay dead-letters it at once.
+		ready = append(ready, prepared{entry: e, attrs: attrs, size: size, bad: core.Permanent(err)})
 	}
 	call := func(chunk []prepared) {
 		if p.opts.MaxBatchSize == 1 {
@@ -409,7 +411,7 @@ func (p *Publisher) publishOne(ctx context.Context, arn string, fifo bool, e pre
 		in.MessageDeduplicationId = aws.String(e.id)
 	}
 	if _, err := p.api.Publish(ctx, in); err != nil {
-		errs[e.idx] = fmt.Errorf("snsbroker: publish event %s to %s: %w", e.id, arn, err)
+		errs[e.idx] = permanentIfRefused(fmt.Errorf("snsbroker: publish event %s to %s: %w", e.id, arn, err))
 	}
 }
 
@@ -427,7 +429,7 @@ func (p *Publisher) publishBatch(ctx context.Context, arn string, fifo bool, chu
 	out, err := p.api.PublishBatch(ctx, in)
 	if err != nil {
 		for _, e := range chunk {
-			errs[e.idx] = fmt.Errorf("snsbroker: publish batch of %d to %s (event %s): %w", len(chunk), arn, e.id, err)
+			errs[e.idx] = permanentIfRefused(fmt.Errorf("snsbroker: publish batch of %d to %s (event %s): %w", len(chunk), arn, e.id, err))
 		}
 		return
 	}
@@ -449,8 +451,11 @@ func (p *Publisher) publishBatch(ctx context.Context, arn string, fifo bool, chu
 	for _, f := range out.Failed {
 		if k, ok := pos(f.Id); ok {
 			failed++
-			res[k] = fmt.Errorf("snsbroker: publish event %s to %s: %w", chunk[k].id, arn,
-				&EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault})
+			ee := &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+			res[k] = fmt.Errorf("snsbroker: publish event %s to %s: %w", chunk[k].id, arn, ee)
+			if refusedForGood(ee.Code) {
+				res[k] = core.Permanent(res[k])
+			}
 		}
 	}
 	if failed > 0 {
@@ -465,7 +470,7 @@ func (p *Publisher) publishBatch(ctx context.Context, arn string, fifo bool, chu
 // Options.TopicARNs, the cache, CreateTopic, TopicARNPrefix.
 func (p *Publisher) topicARN(ctx context.Context, topic string) (string, error) {
 	if topic == "" {
-		return "", fmt.Errorf("%w: empty topic name", ErrUnknownTopic)
+		return "", core.Permanent(fmt.Errorf("%w: empty topic name", ErrUnknownTopic))
 	}
 	if strings.HasPrefix(topic, "arn:") {
 		return topic, nil
@@ -493,7 +498,7 @@ func (p *Publisher) topicARN(ctx context.Context, topic string) (string, error) 
 		}
 		out, err := p.api.CreateTopic(ctx, &sns.CreateTopicInput{Name: aws.String(topic), Attributes: attrs})
 		if err != nil {
-			return "", fmt.Errorf("snsbroker: create topic %q: %w", topic, err)
+			return "", permanentIfRefused(fmt.Errorf("snsbroker: create topic %q: %w", topic, err))
 		}
 		arn = aws.ToString(out.TopicArn)
 		if arn == "" {
@@ -503,12 +508,35 @@ func (p *Publisher) topicARN(ctx context.Context, topic string) (string, error) 
 	case p.opts.TopicARNPrefix != "":
 		arn = p.opts.TopicARNPrefix + topic
 	default:
-		return "", fmt.Errorf("%w: %q (set TopicARNs, TopicARNPrefix or CreateTopics)", ErrUnknownTopic, topic)
+		return "", core.Permanent(fmt.Errorf("%w: %q (set TopicARNs, TopicARNPrefix or CreateTopics)", ErrUnknownTopic, topic))
 	}
 	p.mu.Lock()
 	p.arns[topic] = arn
 	p.mu.Unlock()
 	return arn, nil
+}
+
+// permanentIfRefused marks err permanent when SNS refused the request for
+// good: a topic that does not exist (NotFound), a parameter it will never
+// accept (an invalid topic name, a non-FIFO topic for a group ID), or a
+// request it denies. Create the topic or fix the configuration, then
+// re-queue the dead events (txoutbox dead retry).
+func permanentIfRefused(err error) error {
+	var ae smithy.APIError
+	if errors.As(err, &ae) && refusedForGood(ae.ErrorCode()) {
+		return core.Permanent(err)
+	}
+	return err
+}
+
+// refusedForGood reports whether an SNS error code means the request will
+// never succeed as it is.
+func refusedForGood(code string) bool {
+	switch code {
+	case "NotFound", "NotFoundException", "InvalidParameter", "InvalidParameterException", "InvalidParameterValue", "AuthorizationError":
+		return true
+	}
+	return false
 }
 
 // MessagePublisher returns p as a Watermill message.Publisher, sharing its
