@@ -16,7 +16,7 @@ func (q *Queries) MarkPublishedAsync(seqs []int64) (string, []any) {
 	if q.d.kind != kindPostgres {
 		return q.MarkPublished(seqs)
 	}
-	return q.d.rebind("UPDATE " + q.t + " SET published_at = " + q.d.now() + ", attempt_count = attempt_count + 1" +
+	return q.d.rebind("UPDATE " + q.t + " SET published_at = " + q.d.now() + ", attempt_count = attempt_count + 1, last_error = NULL" +
 		" FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit" +
 		" WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
 }

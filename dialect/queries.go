@@ -245,14 +245,20 @@ func (q *Queries) ReleaseLease(seqs []int64) (string, []any) {
 	return q.d.rebind("UPDATE " + q.t + " SET claimed_until = NULL WHERE id IN " + q.seqSet()), []any{q.seqArg(seqs)}
 }
 
-// MarkPublished returns one UPDATE marking all seqs published now and
-// counting the attempt.
+// MarkPublished returns one UPDATE marking all seqs published now,
+// counting the attempt and clearing the error of an earlier one.
 func (q *Queries) MarkPublished(seqs []int64) (string, []any) {
-	set := "published_at = " + q.d.now() + ", attempt_count = attempt_count + 1"
+	set := "published_at = " + q.d.now() + ", attempt_count = attempt_count + 1, last_error = NULL"
 	if q.d.kind == kindSQLite {
 		set += ", claimed_until = NULL"
 	}
 	return q.d.rebind("UPDATE " + q.t + " SET " + set + " WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
+}
+
+// ClearLastError returns the UPDATE that clears last_error of seqs: the
+// events a claim-and-mark claim published after an earlier failed attempt.
+func (q *Queries) ClearLastError(seqs []int64) (string, []any) {
+	return q.d.rebind("UPDATE " + q.t + " SET last_error = NULL WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
 }
 
 // failureJSON is one failure as MarkFailed sends it to the database.

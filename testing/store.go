@@ -270,6 +270,9 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 			t.Errorf("after backoff: published %d times, PublishedAt=%v, attempts=%d; want 1, set, 2",
 				rec.Count(bad), stored.PublishedAt, stored.AttemptCount)
 		}
+		if stored.LastError != "" {
+			t.Errorf("published after a failed attempt, the event still shows its old error %q", stored.LastError)
+		}
 	})
 
 	t.Run("DeadLettersAfterMaxAttempts", func(t *testing.T) {

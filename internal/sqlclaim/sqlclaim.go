@@ -160,13 +160,24 @@ type statement struct {
 // statements that record it before COMMIT: failed events back to pending
 // with their errors, and unmentioned ones back to pending untouched (one
 // UPDATE each, only when there are any). Published events need none: the
-// claim marked them.
+// claim marked them; only those that carried the error of an earlier
+// attempt have it cleared, so that a published row shows no error.
 func (b *base) markedOutcome(q *dialect.Queries, out core.Outcome) ([]statement, error) {
 	unmentioned, err := b.check(out)
 	if err != nil {
 		return nil, err
 	}
 	var stmts []statement
+	var stale []int64
+	for _, seq := range out.Published {
+		if b.events[b.index[seq]].LastError != "" {
+			stale = append(stale, seq)
+		}
+	}
+	if len(stale) > 0 {
+		query, args := q.ClearLastError(stale)
+		stmts = append(stmts, statement{query, args, fmt.Sprintf("clear the last error of %d published events", len(stale))})
+	}
 	if len(out.Failed) > 0 {
 		query, args, err := q.UnclaimFailed(out.Failed)
 		if err != nil {
