@@ -7,6 +7,10 @@ import (
 	"time"
 )
 
+// MaxCleanupBatchSize bounds CleanupOptions.BatchSize: one DELETE of more
+// rows holds its locks, and writes its WAL, for too long.
+const MaxCleanupBatchSize = 100_000
+
 // CleanupOptions configures retention of published events.
 type CleanupOptions struct {
 	// Retention is how long published events are kept (for audit and
@@ -29,6 +33,9 @@ type CleanupOptions struct {
 func (o CleanupOptions) withDefaults() (CleanupOptions, error) {
 	if o.Retention < 0 || o.BatchSize < 0 || o.Pause < 0 || o.Interval < 0 {
 		return o, fmt.Errorf("%w: negative cleanup option", ErrInvalidOptions)
+	}
+	if o.BatchSize > MaxCleanupBatchSize {
+		return o, fmt.Errorf("%w: cleanup BatchSize %d is above the limit of %d", ErrInvalidOptions, o.BatchSize, MaxCleanupBatchSize)
 	}
 	if o.Retention == 0 {
 		o.Retention = 30 * 24 * time.Hour

@@ -102,6 +102,10 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 // Dialect returns the dialect q was built for.
 func (q *Queries) Dialect() Dialect { return q.d }
 
+// Probe returns a query that reads nothing and fails when the table does
+// not exist (see CheckMigrated).
+func (q *Queries) Probe() string { return "SELECT 1 FROM " + q.t + " WHERE 1 = 0" }
+
 // Table returns the validated table name q runs against.
 func (q *Queries) Table() Identifier { return q.id }
 
@@ -331,6 +335,12 @@ func (q *Queries) Stats() string { return q.stats }
 // published_at and are never selected.
 func (q *Queries) DeletePublished(before time.Time, limit int) (string, []any) {
 	return q.del, []any{q.d.TimeArg(before), limit}
+}
+
+// CountPublishedBefore returns the query of how many events were published
+// before the given time: what DeletePublished has left to delete.
+func (q *Queries) CountPublishedBefore(before time.Time) (string, []any) {
+	return q.d.rebind("SELECT count(*) FROM " + q.t + " WHERE published_at < ?"), []any{q.d.TimeArg(before)}
 }
 
 // GetByEventID returns the query for the event with the given ID (the first

@@ -37,6 +37,17 @@ func (o *Outbox) DeletePublished(ctx context.Context, before time.Time, limit in
 	return o.exec(ctx, "delete published events", query, args)
 }
 
+// CountPublishedBefore returns how many events were published before the
+// given time: what a cleanup with that cut-off has to delete.
+func (o *Outbox) CountPublishedBefore(ctx context.Context, before time.Time) (int64, error) {
+	query, args := o.q.CountPublishedBefore(before)
+	var n int64
+	if err := o.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("sqlxoutbox: count published events: %w", dialect.CheckMigrated(err, o.q.Table()))
+	}
+	return n, nil
+}
+
 // ListDead returns one page of the dead-lettered events matching f (an empty
 // filter lists all), in Seq order, with their LastError and AttemptCount.
 func (o *Outbox) ListDead(ctx context.Context, f DeadFilter, p Page) ([]core.Event, error) {
@@ -140,4 +151,18 @@ func (o *Outbox) execWake(ctx context.Context, what, query string, args []any) (
 		o.notify()
 	}
 	return n, err
+}
+
+// Ping checks that the database answers and that the outbox table exists:
+// an error wrapping core.ErrNotMigrated means the table is missing (run the
+// migrations), any other that the database does not answer.
+func (o *Outbox) Ping(ctx context.Context) error {
+	rows, err := o.db.QueryContext(ctx, o.q.Probe())
+	if err == nil {
+		err = errors.Join(rows.Err(), rows.Close())
+	}
+	if err != nil {
+		return fmt.Errorf("sqlxoutbox: %w", dialect.CheckMigrated(err, o.q.Table()))
+	}
+	return nil
 }

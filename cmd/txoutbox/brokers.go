@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
@@ -35,27 +37,77 @@ type publisher interface {
 	io.Closer
 }
 
-// openBroker connects to the broker of rawURL.
-func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.Logger) (publisher, error) {
+// brokerParams are the query parameters each broker scheme takes; any
+// other is refused, so that a misspelt one (?consumer= for ?consumers=)
+// does not pass unnoticed.
+var brokerParams = map[string][]string{
+	"log":    {"delay", "fail_types", "fail_once_types"},
+	"memory": {"delay", "fail_types", "fail_once_types"},
+	// Ours, then those of the AMQP client's URI.
+	"amqp":  {"exchange", "exchange_type", "consumers", "heartbeat", "connection_timeout", "channel_max", "frame_max", "auth_mechanism"},
+	"amqps": {"exchange", "exchange_type", "consumers", "heartbeat", "connection_timeout", "channel_max", "frame_max", "auth_mechanism", "certfile", "keyfile", "cacertfile", "server_name_indication"},
+	"kafka": {},
+	"sns":   {"region", "endpoint", "create_topics", "topic_arn_prefix", "max_batch_size", "fifo_only"},
+}
+
+// checkBrokerURL refuses a broker URL that cannot work, before anything
+// connects: no scheme, an unknown scheme, an unknown parameter, a URL that
+// does not parse. Its errors wrap ErrUsage and never print a password.
+func checkBrokerURL(rawURL string) error {
 	if rawURL == "" {
-		return nil, usagef("no broker: pass --broker or set %s (try --broker log://)", envName("broker"))
+		return usagef("no broker: pass --broker or set %s (try --broker log://)", envName("broker"))
 	}
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
-		return nil, usagef("broker %q is not a URL (want log://, memory://, amqp://, kafka:// or sns://)", rawURL)
+		return usagef("broker %q is not a URL (want log://, memory://, amqp://, kafka:// or sns://)", redact(rawURL))
 	}
+	params, ok := brokerParams[scheme]
+	if !ok {
+		return usagef("unsupported broker scheme %q (want log, memory, amqp, amqps, kafka or sns)", scheme)
+	}
+	var query url.Values
+	if scheme == "kafka" {
+		// host1:9092,host2:9092 is no URL host: only the query is parsed.
+		_, q, _ := strings.Cut(rest, "?")
+		var err error
+		if query, err = url.ParseQuery(q); err != nil {
+			return usagef("broker %s: %v", redact(rawURL), err)
+		}
+	} else {
+		u, err := url.Parse(rawURL)
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // without the URL, which holds the password
+			}
+			return usagef("broker %s: %v", redact(rawURL), err)
+		}
+		query = u.Query()
+	}
+	for k := range query {
+		if !slices.Contains(params, k) {
+			want := "none"
+			if len(params) > 0 {
+				want = strings.Join(params, ", ")
+			}
+			return usagef("%s:// broker: unknown parameter %q (it takes: %s)", scheme, k, want)
+		}
+	}
+	return nil
+}
+
+// openBroker connects to the broker of rawURL.
+func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.Logger) (publisher, error) {
+	if err := checkBrokerURL(rawURL); err != nil {
+		return nil, err
+	}
+	scheme, rest, _ := strings.Cut(rawURL, "://")
 	switch scheme {
 	case "log", "memory":
-		u, err := url.Parse(rawURL)
-		if err != nil {
-			return nil, usagef("broker %q: %v", rawURL, err)
-		}
+		u, _ := url.Parse(rawURL)
 		return newSink(u, stdout, log)
 	case "amqp", "amqps":
-		u, err := url.Parse(rawURL)
-		if err != nil {
-			return nil, usagef("broker %s: %v", redact(rawURL), err)
-		}
+		u, _ := url.Parse(rawURL)
 		q := u.Query()
 		opts := amqpbroker.Options{
 			Topology: amqpbroker.Topology{Exchange: q.Get("exchange"), ExchangeType: q.Get("exchange_type")},
@@ -81,7 +133,15 @@ func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.
 		if query != "" {
 			return nil, usagef("kafka:// takes no parameters yet (got %q)", query)
 		}
-		brokers := splitList(strings.TrimSuffix(hosts, "/"))
+		var brokers []string
+		for _, h := range splitList(strings.TrimSuffix(hosts, "/")) {
+			// Credentials go in a sarama configuration, never the URL: a
+			// user:pass@ prefix is dropped so that sarama never sees it.
+			if at := strings.LastIndex(h, "@"); at >= 0 {
+				return nil, usagef("kafka:// takes no credentials in the URL (use SASL settings; see docs/brokers-amqp-kafka.md)")
+			}
+			brokers = append(brokers, h)
+		}
 		if len(brokers) == 0 {
 			return nil, usagef("kafka:// needs at least one host:port")
 		}
@@ -93,7 +153,7 @@ func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.
 	case "sns":
 		return openSNS(ctx, rawURL, log)
 	}
-	return nil, usagef("unsupported broker scheme %q (want log, memory, amqp, amqps, kafka or sns)", scheme)
+	return nil, usagef("unsupported broker scheme %q", scheme)
 }
 
 func splitList(s string) []string {

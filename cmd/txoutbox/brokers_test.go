@@ -144,6 +144,11 @@ func TestRelayToKafka(t *testing.T) {
 	if n := f.count(t, "published_at IS NULL"); n != 0 {
 		t.Fatalf("%d events unpublished:\n%s", n, r.stderr)
 	}
+	// Kafka keeps per-key order, and the default migration has what
+	// ordered mode needs: ordered with no flag and no extra step.
+	if !strings.Contains(r.stderr, "ordered=true") || strings.Contains(r.stderr, "unordered") {
+		t.Fatalf("the relay to Kafka did not run ordered by default:\n%s", r.stderr)
+	}
 	sub, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: c.ListenAddrs(), ConsumerGroup: "cli-test", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -42,8 +42,8 @@ dead event is kept.`,
   txoutbox cleanup --partitioned --retention 168h`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if retention <= 0 || batchSize < 1 || pause < 0 {
-				return usagef("--retention must be positive, --batch-size at least 1, --pause not negative")
+			if retention <= 0 || batchSize < 1 || batchSize > core.MaxCleanupBatchSize || pause < 0 {
+				return usagef("--retention must be positive, --batch-size from 1 to %d, --pause not negative", core.MaxCleanupBatchSize)
 			}
 			db, ob, err := a.openOutbox(cmd.Context())
 			if err != nil {
@@ -52,6 +52,17 @@ dead event is kept.`,
 			defer db.Close()
 			start := time.Now()
 			opts := core.CleanupOptions{Retention: retention, BatchSize: batchSize, Pause: pause, Logger: a.log}
+			// The total to go, counted first (on the published_at index),
+			// so that the progress says how far along it is; a partitioned
+			// table drops partitions instead, and has no such count.
+			total := int64(-1)
+			if !partitioned && !quiet {
+				n, err := ob.CountPublishedBefore(cmd.Context(), start.Add(-retention))
+				if err != nil {
+					return err
+				}
+				total = n
+			}
 			// On a terminal the progress line is rewritten in place; in a
 			// log file or pipe each batch gets its own line.
 			tty := isTerminal(a.stderr)
@@ -60,10 +71,14 @@ dead event is kept.`,
 				opts.OnProgress = func(deleted int64) {
 					progressed = true
 					rate := float64(deleted) / max(time.Since(start).Seconds(), 1e-3)
+					of := ""
+					if total > 0 {
+						of = fmt.Sprintf(" of %d (%d%%)", total, min(100, deleted*100/total))
+					}
 					if tty {
-						fmt.Fprintf(a.stderr, "\rdeleted %d events (%.0f/s)", deleted, rate)
+						fmt.Fprintf(a.stderr, "\rdeleted %d%s events (%.0f/s)", deleted, of, rate)
 					} else {
-						fmt.Fprintf(a.stderr, "deleted %d events (%.0f/s)\n", deleted, rate)
+						fmt.Fprintf(a.stderr, "deleted %d%s events (%.0f/s)\n", deleted, of, rate)
 					}
 				}
 			}
@@ -97,8 +112,16 @@ dead event is kept.`,
 	return cmd
 }
 
-// isTerminal reports whether w is a character device (a terminal).
+// isTerminal reports whether w (or the writer it wraps) is a character
+// device (a terminal).
 func isTerminal(w io.Writer) bool {
+	for {
+		u, ok := w.(interface{ Unwrap() io.Writer })
+		if !ok {
+			break
+		}
+		w = u.Unwrap()
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return false

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
@@ -26,6 +25,7 @@ type database struct {
 // openDatabase opens and pings the database of dsn:
 //
 //	postgres://user:pass@host:5432/db?sslmode=disable   (also postgresql://)
+//	host=db user=app password=... dbname=app            (PostgreSQL key/value)
 //	sqlite:path/to/file.db  sqlite:///abs/path.db  file:path.db
 func openDatabase(ctx context.Context, dsn string) (*database, error) {
 	driver, source, d, err := parseDSN(dsn)
@@ -51,6 +51,23 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 
 func (d *database) Close() error { return d.db.Close() }
 
+// openDatabaseLazily opens the database of dsn without connecting: the
+// relay waits for it (see awaitDependency).
+func openDatabaseLazily(dsn string) (*database, error) {
+	driver, source, d, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open(driver, source)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", redact(dsn), err)
+	}
+	if d.MaxConcurrency() == 1 {
+		db.SetMaxOpenConns(1)
+	}
+	return &database{db: db, dialect: d, redacted: redact(dsn)}, nil
+}
+
 // openOutbox opens the database of --dsn and the Outbox of --table on it.
 func (a *app) openOutbox(ctx context.Context) (*database, *sqlxoutbox.Outbox, error) {
 	return a.openOutboxWith(ctx, sqlxoutbox.Options{})
@@ -72,6 +89,11 @@ func (a *app) openOutboxWith(ctx context.Context, opts sqlxoutbox.Options) (*dat
 	if err != nil {
 		db.Close()
 		return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	// A missing table says so at once, rather than as every query's error.
+	if err := ob.Ping(ctx); err != nil {
+		db.Close()
+		return nil, nil, err
 	}
 	return db, ob, nil
 }
@@ -97,18 +119,9 @@ func parseDSN(dsn string) (driver, source string, d dialect.Dialect, err error) 
 		}
 		return "sqlite", path + sep + "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate", dialect.SQLite, nil
 	}
-	return "", "", d, usagef("unsupported DSN %q: want postgres://... or sqlite:PATH", redact(dsn))
-}
-
-// redact removes the password of a URL DSN, so that logs and errors never
-// print it.
-func redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || u.User == nil {
-		return dsn
+	if !strings.Contains(dsn, "://") && strings.Contains(dsn, "=") {
+		// PostgreSQL's key/value form, which pgx reads.
+		return "pgx", dsn, dialect.Postgres, nil
 	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
+	return "", "", d, usagef("unsupported DSN %q: want postgres://..., host=... (PostgreSQL key/value) or sqlite:PATH", redact(dsn))
 }

@@ -284,6 +284,13 @@ func TestUsageErrors(t *testing.T) {
 		{"bad dsn", nil, []string{"stats", "--dsn", "mysql://x"}, "unsupported DSN"},
 		{"retry needs a selector", nil, []string{"dead", "retry", "--dsn", "postgres://x/y"}, "--all"},
 		{"replay needs a selector", nil, []string{"replay", "--dsn", "postgres://x/y"}, "--all"},
+		{"batch size too large", nil, []string{"relay", "--dsn", "postgres://x/y", "--broker", "log://", "--batch-size", "2000000000"}, "--batch-size"},
+		{"negative backoff", nil, []string{"relay", "--dsn", "postgres://x/y", "--broker", "log://", "--initial-backoff", "-1s"}, "--initial-backoff"},
+		{"negative max backoff", nil, []string{"relay", "--dsn", "postgres://x/y", "--broker", "log://", "--max-backoff", "-1s"}, "--max-backoff"},
+		{"misspelt broker parameter", nil, []string{"relay", "--dsn", "postgres://x/y", "--broker", "amqp://localhost/?consumer=billing"}, "consumers"},
+		{"broker without scheme", nil, []string{"relay", "--dsn", "postgres://x/y", "--broker", "localhost:5672"}, "not a URL"},
+		{"invalid table", nil, []string{"migrate", "--dsn", "postgres://x/y", "--table", "bad;name"}, "bad;name"},
+		{"cleanup batch too large", nil, []string{"cleanup", "--dsn", "postgres://x/y", "--batch-size", "2000000000"}, "--batch-size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := run(t, "", tc.env, tc.args...)
@@ -520,7 +527,7 @@ func TestCleanupWithProgress(t *testing.T) {
 	if !strings.Contains(r.stdout, "deleted 5 published event(s) older than 720h0m0s") {
 		t.Fatalf("cleanup: %s", r.stdout)
 	}
-	for _, want := range []string{"deleted 2 events", "deleted 4 events", "deleted 5 events"} {
+	for _, want := range []string{"deleted 2 of 5 (40%) events", "deleted 4 of 5 (80%) events", "deleted 5 of 5 (100%) events"} {
 		if !strings.Contains(r.stderr, want) {
 			t.Fatalf("no progress line %q:\n%s", want, r.stderr)
 		}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,6 +46,7 @@ type relayFlags struct {
 	deadLetter      string
 	partitions      int
 	partitioned     bool
+	failFast        bool
 }
 
 func (a *app) relayCommand() *cobra.Command {
@@ -75,10 +77,19 @@ per-key order (kafka://, and sns:// with fifo_only=true), which also needs
 A failed event is retried with exponential backoff (--initial-backoff doubling
 up to --max-backoff, with jitter) and dead-lettered after --max-attempts.
 
-The HTTP server on --http-addr serves:
+A relay started while the database or the broker is down waits for them,
+retrying with backoff (one log line when a dependency is down, one when it
+answers), so that a supervisor does not crash-loop it; --fail-fast exits at
+once instead. A missing outbox table does not heal: the relay stops at once
+and names 'txoutbox migrate'.
+
+The HTTP server on --http-addr (loopback by default: pass --http-addr
+:9090 in a container, where the probes and Prometheus come from outside)
+serves:
   /metrics   Prometheus metrics (txoutbox_* plus Go and process metrics)
-  /healthz   readiness: 200 while the database answers; 503 when it does
-             not, or while shutting down
+  /healthz   readiness: 200 {"status":"ok"} while the database answers; 503
+             while starting (waiting for a dependency), when the database
+             does not answer, or while shutting down. Details go to the log.
   /livez     liveness: 200 while the process serves
 
 ` + brokerHelp,
@@ -88,8 +99,10 @@ The HTTP server on --http-addr serves:
   # Rehearse dead letters: every order.paid fails, dead after 3 attempts.
   txoutbox relay --broker 'log://?fail_types=order.paid' --max-attempts 3 --initial-backoff 100ms
 
-  # RabbitMQ, four workers, metrics on :9090, alerting after 2 minutes of lag.
-  TXOUTBOX_DSN=postgres://relay@db/app TXOUTBOX_BROKER=amqp://user:pass@rabbitmq:5672/ \
+  # RabbitMQ, four workers, metrics on all interfaces (a container), alerting
+  # after 2 minutes of lag; the queue of consumer "billing" is declared, so
+  # that no event is unroutable before billing first subscribes.
+  TXOUTBOX_DSN=postgres://relay@db/app TXOUTBOX_BROKER='amqp://user:pass@rabbitmq:5672/?consumers=billing' \
     txoutbox relay --concurrency 4 --http-addr :9090 --lag-threshold 2m
 
   # Kafka; publish what is pending, then exit (a cron job, a test).
@@ -99,50 +112,75 @@ The HTTP server on --http-addr serves:
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.broker, "broker", "", "broker URL: log://, memory://, amqp://, kafka://, sns:// (see above)")
-	fl.IntVar(&f.batchSize, "batch-size", 100, "events per claim")
+	fl.IntVar(&f.batchSize, "batch-size", 100, fmt.Sprintf("events per claim (at most %d)", core.MaxBatchSize))
 	fl.DurationVar(&f.pollInterval, "poll-interval", time.Second, "how long an idle worker waits before claiming again")
-	fl.IntVar(&f.concurrency, "concurrency", 1, "workers, each with its own claim (1 on SQLite)")
+	fl.IntVar(&f.concurrency, "concurrency", 1, fmt.Sprintf("workers, each with its own claim (1 on SQLite; at most %d)", core.MaxConcurrency))
 	fl.IntVar(&f.maxAttempts, "max-attempts", core.DefaultRetryPolicy.MaxAttempts, "attempts before an event is dead-lettered")
 	fl.DurationVar(&f.initialBackoff, "initial-backoff", core.DefaultRetryPolicy.InitialBackoff, "wait after the first failure")
 	fl.DurationVar(&f.maxBackoff, "max-backoff", core.DefaultRetryPolicy.MaxBackoff, "longest wait between attempts")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long the batch in flight may take to finish after SIGTERM")
 	fl.DurationVar(&f.publishTimeout, "publish-timeout", 30*time.Second, "how long publishing one batch may take; events not sent by then fail and are retried (0: no limit)")
-	fl.StringVar(&f.httpAddr, "http-addr", ":9090", `address of /metrics, /healthz and /livez; "" disables`)
+	fl.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:9090", `address of /metrics, /healthz and /livez (":9090" for all interfaces, e.g. in a container; "" disables)`)
 	fl.DurationVar(&f.lagThreshold, "lag-threshold", time.Minute, "oldest pending age that counts as lagging (warning log, txoutbox_lagging=1)")
 	fl.DurationVar(&f.statsInterval, "stats-interval", 15*time.Second, "how often the pending/dead gauges are refreshed")
 	fl.DurationVar(&f.cleanupInterval, "cleanup-interval", 0, "run retention cleanup this often (0: never; see 'txoutbox cleanup')")
 	fl.DurationVar(&f.retention, "retention", 30*24*time.Hour, "with --cleanup-interval: keep published events this long")
-	fl.StringVar(&f.ordering, "ordering", "auto", "per-aggregate order: on (needs migrate --ordered), off, or auto (on when the broker keeps per-key order)")
+	fl.StringVar(&f.ordering, "ordering", "auto", "per-aggregate order: on, off, or auto (on when the broker keeps per-key order: kafka://, sns:// with fifo_only=true)")
 	fl.StringVar(&f.deadLetter, "dead-letter-policy", "block", "ordered mode: block (hold an aggregate's later events behind a dead one) or skip")
 	fl.IntVar(&f.partitions, "ordered-partitions", core.DefaultPartitionCount, "ordered mode: partitions aggregates are hashed into (the same for every relay of an outbox)")
 	fl.BoolVar(&f.partitioned, "partitioned", false, "with --cleanup-interval: the table is partitioned by day (migrate --partitioned)")
 	fl.BoolVar(&f.drain, "drain", false, "publish what is due, then exit instead of running until a signal")
+	fl.BoolVar(&f.failFast, "fail-fast", false, "exit at once when the database or the broker does not answer at start, instead of waiting for them")
 	fl.BoolVar(&f.syncMark, "sync-mark", false, "PostgreSQL: wait for the WAL flush of every mark (default: marks commit asynchronously; a mark lost in a database crash only re-publishes)")
 	return cmd
 }
 
-func (a *app) runRelay(ctx context.Context, f relayFlags) error {
-	if f.batchSize < 1 || f.concurrency < 1 || f.maxAttempts < 1 {
-		return usagef("--batch-size, --concurrency and --max-attempts must be at least 1")
-	}
-	if f.publishTimeout < 0 {
-		return usagef("--publish-timeout %s: want 0 (no limit) or more", f.publishTimeout)
-	}
-	db, ob, err := a.openOutboxWith(ctx, sqlxoutbox.Options{SyncMark: f.syncMark})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	pub, err := openBroker(ctx, f.broker, a.stdout, a.log)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := pub.Close(); err != nil {
-			a.log.Warn("txoutbox: close broker", "error", err)
-		}
-	}()
+// maxPartitions bounds --ordered-partitions: more partitions than relays
+// could ever share only cost the leaser rows and the claims locks.
+const maxPartitions = 4096
 
+// checkRelayFlags refuses values that have no meaning, before anything
+// connects.
+func checkRelayFlags(f relayFlags) error {
+	switch {
+	case f.batchSize < 1 || f.batchSize > core.MaxBatchSize:
+		return usagef("--batch-size %d: want 1 to %d", f.batchSize, core.MaxBatchSize)
+	case f.concurrency < 1 || f.concurrency > core.MaxConcurrency:
+		return usagef("--concurrency %d: want 1 to %d", f.concurrency, core.MaxConcurrency)
+	case f.maxAttempts < 1:
+		return usagef("--max-attempts %d: want at least 1", f.maxAttempts)
+	case f.partitions < 1 || f.partitions > maxPartitions:
+		return usagef("--ordered-partitions %d: want 1 to %d", f.partitions, maxPartitions)
+	case f.initialBackoff <= 0 || f.maxBackoff <= 0:
+		return usagef("--initial-backoff %s and --max-backoff %s: want positive durations", f.initialBackoff, f.maxBackoff)
+	case f.initialBackoff > f.maxBackoff:
+		return usagef("--initial-backoff %s is above --max-backoff %s", f.initialBackoff, f.maxBackoff)
+	case f.pollInterval <= 0:
+		return usagef("--poll-interval %s: want a positive duration", f.pollInterval)
+	case f.shutdownTimeout < 0:
+		return usagef("--shutdown-timeout %s: want 0 or more", f.shutdownTimeout)
+	case f.publishTimeout < 0:
+		return usagef("--publish-timeout %s: want 0 (no limit) or more", f.publishTimeout)
+	case f.lagThreshold <= 0 || f.statsInterval <= 0:
+		return usagef("--lag-threshold %s and --stats-interval %s: want positive durations", f.lagThreshold, f.statsInterval)
+	case f.cleanupInterval < 0 || f.retention <= 0:
+		return usagef("--cleanup-interval %s: want 0 (never) or more; --retention %s: want a positive duration", f.cleanupInterval, f.retention)
+	}
+	return nil
+}
+
+// health is what /healthz answers: the relay's state.
+type health struct {
+	state atomic.Value // string: starting, ok, stopping
+}
+
+func (h *health) set(s string) { h.state.Store(s) }
+func (h *health) get() string  { s, _ := h.state.Load().(string); return s }
+
+func (a *app) runRelay(ctx context.Context, f relayFlags) error {
+	if err := checkRelayFlags(f); err != nil {
+		return err
+	}
 	ordering, ok := map[string]core.OrderingMode{"auto": core.OrderingAuto, "on": core.OrderingOn, "off": core.OrderingOff}[f.ordering]
 	if !ok {
 		return usagef("--ordering %q: want auto, on or off", f.ordering)
@@ -151,6 +189,22 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if !ok {
 		return usagef("--dead-letter-policy %q: want block or skip", f.deadLetter)
 	}
+	if err := checkBrokerURL(f.broker); err != nil {
+		return err
+	}
+	dsn, err := a.requireDSN()
+	if err != nil {
+		return err
+	}
+	db, err := openDatabaseLazily(dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: a.table, Logger: a.log, SyncMark: f.syncMark})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -158,6 +212,45 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if err != nil {
 		return err
 	}
+	var h health
+	h.set("starting")
+	// /healthz turns 503 as soon as the signal arrives, while the batch in
+	// flight finishes, so that no orchestrator counts on this instance.
+	context.AfterFunc(ctx, func() { h.set("stopping") })
+	if f.httpAddr != "" {
+		srv, addr, err := a.serveHTTP(f.httpAddr, reg, db, &h)
+		if err != nil {
+			return err
+		}
+		a.log.Info("txoutbox: serving /metrics and /healthz", "addr", addr)
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+
+	// Dependencies that are down at start are waited for, not a reason to
+	// exit: under a supervisor that would be a crash loop.
+	if err := a.awaitDependency(ctx, "database", db.redacted, f.failFast, func(ctx context.Context) error {
+		return ob.Ping(ctx)
+	}); err != nil {
+		return err
+	}
+	var pub publisher
+	if err := a.awaitDependency(ctx, "broker", redact(f.broker), f.failFast, func(ctx context.Context) error {
+		p, err := openBroker(ctx, f.broker, a.stdout, a.log)
+		pub = p
+		return err
+	}); err != nil {
+		return err
+	}
+	defer func() {
+		if err := pub.Close(); err != nil {
+			a.log.Warn("txoutbox: close broker", "error", err)
+		}
+	}()
+
 	relay, err := core.NewRelay(met.Store(ob), met.Publisher(pub), core.RelayOptions{
 		BatchSize:       f.batchSize,
 		PollInterval:    f.pollInterval,
@@ -180,28 +273,12 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}
 
-	var stopping atomic.Bool
-	// /healthz turns 503 as soon as the signal arrives, while the batch in
-	// flight finishes, so that no orchestrator counts on this instance.
-	context.AfterFunc(ctx, func() { stopping.Store(true) })
 	var bg sync.WaitGroup
 	bgCtx, stopBG := context.WithCancel(ctx)
 	defer func() {
 		stopBG()
 		bg.Wait()
 	}()
-	if f.httpAddr != "" {
-		srv, addr, err := a.serveHTTP(f.httpAddr, reg, db, relay, &stopping)
-		if err != nil {
-			return err
-		}
-		a.log.Info("txoutbox: serving /metrics and /healthz", "addr", addr)
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-	}
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
@@ -226,10 +303,13 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	opts := relay.Options()
 	a.log.Info("txoutbox: relay started", "database", db.redacted, "table", a.table, "broker", redact(f.broker),
 		"batch_size", opts.BatchSize, "concurrency", opts.Concurrency, "max_attempts", opts.Retry.MaxAttempts, "ordered", relay.Ordered(), "drain", f.drain)
+	if ctx.Err() == nil {
+		h.set("ok")
+	}
 	start := time.Now()
 	if f.drain {
-		res, err := relay.Drain(ctx)
-		stopping.Store(true)
+		res, err := a.drain(ctx, relay, ob)
+		h.set("stopping")
 		a.log.Info("txoutbox: relay drained", "published", res.Published, "failed", res.Failed,
 			"dead_lettered", res.DeadLettered, "took", time.Since(start).Round(time.Millisecond))
 		if err != nil && ctx.Err() == nil {
@@ -245,11 +325,93 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if err := relay.Run(ctx); err != nil {
 		return err
 	}
-	stopping.Store(true)
+	h.set("stopping")
 	c := relay.Counters()
 	a.log.Info("txoutbox: relay stopped", "batches", c.Batches, "published", c.Published, "failed", c.Failed,
 		"dead_lettered", c.DeadLettered, "released", c.Released, "uptime", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// awaitDependency calls try until it succeeds, with backoff, logging once
+// when the dependency does not answer and once when it does. It returns at
+// once, with the error, when failFast is set, when the error will not heal
+// (a usage error, a missing table), or when ctx ends.
+func (a *app) awaitDependency(ctx context.Context, what, name string, failFast bool, try func(context.Context) error) error {
+	wait := 200 * time.Millisecond
+	var down time.Time
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := try(tctx)
+		cancel()
+		if err == nil {
+			if !down.IsZero() {
+				a.log.Info("txoutbox: "+what+" answers; starting", what, name, "waited", time.Since(down).Round(time.Millisecond))
+			}
+			return nil
+		}
+		if failFast || errors.Is(err, ErrUsage) || errors.Is(err, core.ErrNotMigrated) || errors.Is(err, core.ErrInvalidOptions) {
+			return fmt.Errorf("%s %s: %w", what, name, err)
+		}
+		if ctx.Err() != nil {
+			return nil // stopped while waiting: nothing was started
+		}
+		if down.IsZero() {
+			down = time.Now()
+			a.log.Warn("txoutbox: "+what+" does not answer; retrying with backoff until it does (--fail-fast exits instead)", what, name, "error", err)
+		} else {
+			a.log.Debug("txoutbox: "+what+" still does not answer", what, name, "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 15*time.Second)
+	}
+}
+
+// drain publishes what is due, then returns; on a terminal it shows the
+// progress against the pending count it started with, elsewhere a line
+// every few seconds.
+func (a *app) drain(ctx context.Context, relay *core.Relay, ob *sqlxoutbox.Outbox) (core.BatchResult, error) {
+	var total int64 = -1
+	if s, err := ob.Stats(ctx); err == nil {
+		total = s.Pending
+	}
+	tty := isTerminal(a.stderr)
+	start, last := time.Now(), time.Now()
+	var res core.BatchResult
+	report := func(final bool) {
+		rate := float64(res.Published) / max(time.Since(start).Seconds(), 1e-3)
+		of := ""
+		if total >= 0 {
+			of = fmt.Sprintf(" of %d pending at start", total)
+		}
+		line := fmt.Sprintf("published %d%s, %d failed (%.0f/s)", res.Published, of, res.Failed, rate)
+		switch {
+		case tty && final:
+			fmt.Fprintf(a.stderr, "\r%s\n", line)
+		case tty:
+			fmt.Fprintf(a.stderr, "\r%s", line)
+		case final || time.Since(last) >= 5*time.Second:
+			a.log.Info("txoutbox: drain progress", "published", res.Published, "pending_at_start", total, "failed", res.Failed, "per_second", int(rate))
+			last = time.Now()
+		}
+	}
+	for {
+		r, err := relay.ProcessBatch(ctx)
+		res.Claimed += r.Claimed
+		res.Published += r.Published
+		res.Failed += r.Failed
+		res.DeadLettered += r.DeadLettered
+		if err != nil || r.Claimed == 0 {
+			if tty || res.Claimed > 0 {
+				report(true)
+			}
+			return res, err
+		}
+		report(false)
+	}
 }
 
 // registerLeaserMetrics exposes the partition leases of ordered mode: how
@@ -272,41 +434,51 @@ func registerLeaserMetrics(reg prometheus.Registerer, l *ordered.Leaser) {
 	)
 }
 
-// healthReport is the body of /healthz.
+// healthReport is the body of /healthz: the status only, so that a probe
+// open to the network learns nothing of the database; the reasons go to
+// the log.
 type healthReport struct {
-	Status       string `json:"status"` // ok, unavailable, stopping
-	Database     string `json:"database"`
-	Published    int64  `json:"published"`
-	Failed       int64  `json:"failed"`
-	DeadLettered int64  `json:"dead_lettered"`
+	Status string `json:"status"` // ok, starting, unavailable, stopping
 }
 
 // serveHTTP listens on addr (first, so that a taken port fails the start)
 // and serves /metrics and /healthz. It returns the server and the address
 // it listens on, which tells the port of ":0".
-func (a *app) serveHTTP(addr string, reg *prometheus.Registry, db *database, relay *core.Relay, stopping *atomic.Bool) (*http.Server, string, error) {
+func (a *app) serveHTTP(addr string, reg *prometheus.Registry, db *database, h *health) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, "", fmt.Errorf("listen on --http-addr %s: %w", addr, err)
+		hint := ""
+		if errors.Is(err, syscall.EADDRINUSE) {
+			hint = ` (another relay on this host? give each its own --http-addr, or --http-addr "" to serve no metrics)`
+		}
+		return nil, "", fmt.Errorf("listen on --http-addr %s: %w%s", addr, err, hint)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, ErrorLog: slogErrorLog{a}}))
+	var dbDown atomic.Bool
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		c := relay.Counters()
-		rep := healthReport{Status: "ok", Database: "ok", Published: c.Published, Failed: c.Failed, DeadLettered: c.DeadLettered}
-		code := http.StatusOK
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := db.db.PingContext(ctx); err != nil {
-			rep.Status, rep.Database, code = "unavailable", err.Error(), http.StatusServiceUnavailable
+		status := h.get()
+		if status == "ok" {
+			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			err := db.db.PingContext(ctx)
+			cancel()
+			switch {
+			case err != nil:
+				status = "unavailable"
+				if !dbDown.Swap(true) {
+					a.log.Warn("txoutbox: /healthz: the database does not answer", "error", err)
+				}
+			case dbDown.Swap(false):
+				a.log.Info("txoutbox: /healthz: the database answers again")
+			}
 		}
-		if stopping.Load() {
-			// Tell the orchestrator at once; the process is on its way out.
-			rep.Status, code = "stopping", http.StatusServiceUnavailable
+		code := http.StatusOK
+		if status != "ok" {
+			code = http.StatusServiceUnavailable
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)
-		_ = json.NewEncoder(w).Encode(rep)
+		_ = json.NewEncoder(w).Encode(healthReport{Status: status})
 	})
 	// /livez only says the process serves: a liveness probe on /healthz
 	// would restart every relay while the database is down, which cures

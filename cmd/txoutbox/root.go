@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
 )
 
 // Exit codes. Scripts and cron jobs rely on them.
@@ -63,6 +65,8 @@ type app struct {
 // Execute runs the command line with args and returns the process's exit
 // code.
 func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	secrets := collectSecrets(args)
+	stdout, stderr = newRedactingWriter(stdout, secrets), newRedactingWriter(stderr, secrets)
 	a := &app{stdin: stdin, stdout: stdout, stderr: stderr}
 	root := a.rootCommand()
 	root.SetArgs(args)
@@ -72,6 +76,17 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
+	}
+	if errors.Is(err, core.ErrNotMigrated) {
+		// It will not heal: say what to do, the driver's words at debug.
+		if a.log != nil {
+			a.log.Debug("txoutbox: the table is missing", "error", err)
+		}
+		fmt.Fprintf(stderr, "txoutbox: table %s does not exist: run 'txoutbox migrate' (with the same --dsn and --table) first\n", a.table)
+		return exitError
+	}
+	if errors.Is(err, dialect.ErrInvalidIdentifier) {
+		err = fmt.Errorf("%w: %w", ErrUsage, err)
 	}
 	// Errors from the library already name it.
 	fmt.Fprintf(stderr, "txoutbox: %s\n", strings.TrimPrefix(err.Error(), "txoutbox: "))

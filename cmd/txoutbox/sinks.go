@@ -48,14 +48,7 @@ func newSink(u *url.URL, stdout io.Writer, log *slog.Logger) (*sink, error) {
 	if u.Scheme == "log" {
 		s.out = stdout
 	}
-	q := u.Query()
-	for k := range q {
-		switch k {
-		case "delay", "fail_types", "fail_once_types":
-		default:
-			return nil, usagef("%s:// sink: unknown parameter %q (want delay, fail_types, fail_once_types)", u.Scheme, k)
-		}
-	}
+	q := u.Query() // its keys were checked by checkBrokerURL
 	if v := q.Get("delay"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {

@@ -16,18 +16,14 @@ import (
 // snsbroker.Options.FIFOOnly). Credentials come from the
 // standard AWS chain (environment, profile, instance role), never the URL.
 func openSNS(ctx context.Context, rawURL string, log *slog.Logger) (publisher, error) {
+	if err := checkBrokerURL(rawURL); err != nil {
+		return nil, err
+	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, usagef("broker %q: %v", rawURL, err)
+		return nil, usagef("broker %s: %v", redact(rawURL), err)
 	}
 	q := u.Query()
-	for k := range q {
-		switch k {
-		case "region", "endpoint", "create_topics", "topic_arn_prefix", "max_batch_size", "fifo_only":
-		default:
-			return nil, usagef("sns:// broker: unknown parameter %q (want region, endpoint, create_topics, topic_arn_prefix, max_batch_size, fifo_only)", k)
-		}
-	}
 	opts := snsbroker.Options{TopicARNPrefix: q.Get("topic_arn_prefix"), Logger: log}
 	if v := q.Get("create_topics"); v != "" {
 		if opts.CreateTopics, err = strconv.ParseBool(v); err != nil {
