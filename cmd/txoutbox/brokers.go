@@ -59,10 +59,9 @@ func checkBrokerURL(rawURL string) error {
 	}
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
-		return usagef("broker %q is not a URL (want log://, memory://, amqp://, kafka:// or sns://)", redact(rawURL))
+		return usagef("the broker is not a URL (want log://, memory://, amqp://, kafka:// or sns://)")
 	}
-	params, ok := brokerParams[scheme]
-	if !ok {
+	if _, ok := brokerParams[scheme]; !ok {
 		return usagef("unsupported broker scheme %q (want log, memory, amqp, amqps, kafka or sns)", scheme)
 	}
 	var query url.Values
@@ -84,6 +83,12 @@ func checkBrokerURL(rawURL string) error {
 		}
 		query = u.Query()
 	}
+	return checkParams(scheme, query)
+}
+
+// checkParams refuses a query parameter the broker scheme does not take.
+func checkParams(scheme string, query url.Values) error {
+	params := brokerParams[scheme]
 	for k := range query {
 		if !slices.Contains(params, k) {
 			want := "none"

@@ -73,6 +73,14 @@ func secretsIn(s string) []string {
 			}
 		}
 	}
+	if !strings.Contains(s, "://") {
+		// user:password@host written without a scheme.
+		if at := strings.LastIndex(s, "@"); at > 0 {
+			if c := strings.Index(s[:at], ":"); c >= 0 {
+				add(s[c+1 : at])
+			}
+		}
+	}
 	for _, m := range passwordRE.FindAllStringSubmatch(s, -1) {
 		add(m[2])
 	}

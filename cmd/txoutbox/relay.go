@@ -153,8 +153,6 @@ func checkRelayFlags(f relayFlags) error {
 		return usagef("--ordered-partitions %d: want 1 to %d", f.partitions, maxPartitions)
 	case f.initialBackoff <= 0 || f.maxBackoff <= 0:
 		return usagef("--initial-backoff %s and --max-backoff %s: want positive durations", f.initialBackoff, f.maxBackoff)
-	case f.initialBackoff > f.maxBackoff:
-		return usagef("--initial-backoff %s is above --max-backoff %s", f.initialBackoff, f.maxBackoff)
 	case f.pollInterval <= 0:
 		return usagef("--poll-interval %s: want a positive duration", f.pollInterval)
 	case f.shutdownTimeout < 0:

@@ -134,6 +134,9 @@ no variable, on purpose: what a command touches is said on its command line.`,
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
+			if _, err := dialect.ValidateIdentifier(a.table); err != nil {
+				return fmt.Errorf("%w: --table: %w", ErrUsage, err)
+			}
 			return a.setupLogging()
 		},
 	}

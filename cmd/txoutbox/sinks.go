@@ -48,7 +48,10 @@ func newSink(u *url.URL, stdout io.Writer, log *slog.Logger) (*sink, error) {
 	if u.Scheme == "log" {
 		s.out = stdout
 	}
-	q := u.Query() // its keys were checked by checkBrokerURL
+	q := u.Query()
+	if err := checkParams(u.Scheme, q); err != nil {
+		return nil, err
+	}
 	if v := q.Get("delay"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
