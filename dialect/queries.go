@@ -337,6 +337,15 @@ func (q *Queries) DeletePublished(before time.Time, limit int) (string, []any) {
 	return q.del, []any{q.d.TimeArg(before), limit}
 }
 
+// Pending returns the query of the unpublished events of eventType (every
+// type for ""), in Seq order.
+func (q *Queries) Pending(eventType string) (string, []any) {
+	if eventType == "" {
+		return q.d.rebind("SELECT " + q.cols + " FROM " + q.t + " WHERE published_at IS NULL ORDER BY id"), nil
+	}
+	return q.d.rebind("SELECT " + q.cols + " FROM " + q.t + " WHERE published_at IS NULL AND event_type = ? ORDER BY id"), []any{eventType}
+}
+
 // CountPublishedBefore returns the query of how many events were published
 // before the given time: what DeletePublished has left to delete.
 func (q *Queries) CountPublishedBefore(before time.Time) (string, []any) {

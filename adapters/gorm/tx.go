@@ -334,3 +334,20 @@ func outboxOf(tx *gorm.DB) (*outbox, error) {
 	p, _ := tx.Config.Plugins[PluginName].(Plugin)
 	return p.build(tx)
 }
+
+// PendingEvents returns the events enqueued in tx's transaction that the
+// Plugin will write at its commit (its models' and Enqueue's), for tests of
+// a producer (see outboxtest.RequireEnqueued). It returns nil outside a
+// transaction the Plugin manages.
+func PendingEvents(tx *gorm.DB) []core.Event {
+	if tx == nil {
+		return nil
+	}
+	t := txOf(tx.Statement.ConnPool)
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]core.Event(nil), t.pending...)
+}

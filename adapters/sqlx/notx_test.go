@@ -8,6 +8,7 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
 // A *sql.DB, *sqlx.DB or *sql.Conn has ExecContext and QueryContext, but an
@@ -55,6 +56,36 @@ func TestWriteWakesRelaysOfTheTable(t *testing.T) {
 		case <-woken:
 		case <-time.After(5 * time.Second):
 			t.Fatal("Enqueue did not notify the table's signal")
+		}
+	})
+}
+
+// A producer's test reads what its transaction enqueued, before the commit,
+// and asserts on it with outboxtest.RequireEnqueued.
+func TestPendingTxForProducerTests(t *testing.T) {
+	forEach(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		tx, err := e.db.BeginTxx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		ev, err := core.NewEvent("order", "42", "order.created", map[string]any{"order_id": 42})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.box.Enqueue(ctx, tx, ev); err != nil {
+			t.Fatal(err)
+		}
+		evs, err := e.box.PendingTx(ctx, tx, "order.created")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := outboxtest.RequireEnqueued(t, evs, "order.created", map[string]any{"order_id": 42}); got.ID != ev.ID {
+			t.Fatalf("found %s, want %s", got.ID, ev.ID)
+		}
+		if _, err := e.box.PendingTx(ctx, e.db, ""); !errors.Is(err, core.ErrNoTransaction) {
+			t.Fatalf("PendingTx outside a transaction: %v", err)
 		}
 	})
 }

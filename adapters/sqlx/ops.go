@@ -166,3 +166,22 @@ func (o *Outbox) Ping(ctx context.Context) error {
 	}
 	return nil
 }
+
+// PendingTx returns the unpublished events of eventType (all types when it
+// is "") as tx sees them, its own uncommitted ones included, in Seq order:
+// for tests of a producer (see outboxtest.RequireEnqueued).
+func (o *Outbox) PendingTx(ctx context.Context, tx Tx, eventType string) ([]core.Event, error) {
+	if err := checkTx(tx, "PendingTx"); err != nil {
+		return nil, err
+	}
+	query, args := o.q.Pending(eventType)
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: pending events: %w", dialect.CheckMigrated(err, o.q.Table()))
+	}
+	evs, err := dialect.CollectEvents(rows)
+	if err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: pending events: %w", err)
+	}
+	return evs, nil
+}

@@ -392,6 +392,12 @@ type SubscriberOptions struct {
 // consumer group. Messages carry the record headers as metadata and the
 // event ID as UUID; an acked message's offset is committed, a nacked one is
 // redelivered.
+//
+// It returns watermill-kafka's own *Subscriber, not a type of ours: it is
+// the message.Subscriber a Watermill router takes, configured with this
+// package's Marshaler and sarama settings, and a wrapper would add a layer
+// without adding a method. (The RabbitMQ subscriber is ours because it adds
+// the consumer-group topology on top of watermill-amqp.)
 func NewSubscriber(opts SubscriberOptions) (*wkafka.Subscriber, error) {
 	if len(opts.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: no Brokers", core.ErrInvalidOptions)
