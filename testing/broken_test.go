@@ -3,10 +3,10 @@ package outboxtest_test
 import (
 	"context"
 	"os"
-	"sync"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -180,7 +180,7 @@ type unheldClaim struct {
 	evs []core.Event
 }
 
-func (c *unheldClaim) Events() []core.Event { return c.evs }
+func (c *unheldClaim) Events() []core.Event          { return c.evs }
 func (c *unheldClaim) Release(context.Context) error { return nil }
 func (c *unheldClaim) Commit(_ context.Context, out core.Outcome) error {
 	c.s.mu.Lock()

@@ -46,7 +46,9 @@ func TestRequireEnqueued(t *testing.T) {
 	if ev := outboxtest.RequireEnqueued(t, evs, "order.created", map[string]int{"order_id": 42}); string(ev.Payload) != `{"order_id": 42}` {
 		t.Fatalf("found %s", ev.Payload)
 	}
-	if msg := fails(t, func(tb testing.TB) { outboxtest.RequireEnqueued(tb, evs, "order.created", map[string]int{"order_id": 7}) }); !strings.Contains(msg, `{"order_id": 41}`) {
+	if msg := fails(t, func(tb testing.TB) {
+		outboxtest.RequireEnqueued(tb, evs, "order.created", map[string]int{"order_id": 7})
+	}); !strings.Contains(msg, `{"order_id": 41}`) {
 		t.Fatalf("a wrong payload: %q, want a failure listing the payloads of the type", msg)
 	}
 	if msg := fails(t, func(tb testing.TB) { outboxtest.RequireEnqueued(tb, evs, "order.shipped", nil) }); !strings.Contains(msg, "no enqueued event of type") {
