@@ -2,7 +2,7 @@
 // in the same run, and prints one table: scenario, txoutbox figure, baseline
 // figure, ratio, target, pass/fail.
 //
-//	go run ./bench -dsn postgres://postgres@127.0.0.1:55432/postgres?sslmode=disable
+//	go run ./bench -dsn postgres://postgres@127.0.0.1:24432/postgres?sslmode=disable
 //	go run ./bench -quick          # smaller sizes, about a minute
 //
 // The DSN (default $TXOUTBOX_PG_DSN) must be allowed to CREATE DATABASE: the

@@ -116,7 +116,7 @@ type Leaser struct {
 }
 
 // NewLeaser returns a Leaser of the partitions of opts.Table on db.
-// Partitions live in the tables of dialect.MigrateOrdered.
+// Partitions live in the lease tables that dialect.Migrate creates.
 func NewLeaser(db *sql.DB, d dialect.Dialect, opts LeaserOptions) (*Leaser, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *sql.DB", core.ErrInvalidOptions)

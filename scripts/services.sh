@@ -13,10 +13,19 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SVC="$ROOT/.services"
-PG_PORT=${TXOUTBOX_PG_PORT:-55432}
-AMQP_PORT=${TXOUTBOX_AMQP_PORT:-55672}
-AMQP_DIST_PORT=${TXOUTBOX_AMQP_DIST_PORT:-45672}
-SNS_PORT=${TXOUTBOX_SNS_PORT:-54100}
+# The default ports lie below Linux's ephemeral range (32768-60999 by
+# default), where another process's outgoing connection could hold one for a
+# moment. goaws itself listens on SNS_PORT + 1, behind its gate.
+PG_PORT=${TXOUTBOX_PG_PORT:-24432}
+AMQP_PORT=${TXOUTBOX_AMQP_PORT:-24672}
+AMQP_DIST_PORT=${TXOUTBOX_AMQP_DIST_PORT:-24673}
+SNS_PORT=${TXOUTBOX_SNS_PORT:-24100}
+case "${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}" in
+*@*)
+	echo "services: TXOUTBOX_RABBITMQ_NODENAME=$TXOUTBOX_RABBITMQ_NODENAME: give the name without @host (@localhost is added)" >&2
+	exit 2
+	;;
+esac
 RABBIT_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}@localhost
 PGBIN=/usr/lib/postgresql/15/bin
 # The cluster lives outside the checkout: the postgres user must reach it,
@@ -27,6 +36,15 @@ PG_DIR=${TXOUTBOX_PG_DIR:-/tmp/txoutbox-pg-$PG_PORT}
 export HOME=${HOME:-/root}
 
 log() { echo "services: $*" >&2; }
+
+# port_free PORT NAME fails with a clear message when something else
+# listens on PORT already.
+port_free() {
+	if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+		log "port $1 for $2 is taken by another process; free it, or set TXOUTBOX_${3}_PORT to another port (below 32768, outside the ephemeral range)"
+		return 1
+	fi
+}
 
 apt_updated=0
 need_pkg() { # need_pkg BINARY PACKAGE...
@@ -49,6 +67,7 @@ start_postgres() {
 		log "postgres already running on $PG_PORT"
 		return
 	fi
+	port_free "$PG_PORT" postgres PG
 	rm -rf "$dir"
 	mkdir -p "$dir"
 	chown postgres: "$dir"
@@ -93,7 +112,9 @@ start_rabbitmq() {
 		log "rabbitmq already running on $AMQP_PORT"
 		return
 	fi
+	port_free "$AMQP_PORT" rabbitmq AMQP
 	mkdir -p "$SVC/rabbitmq/mnesia" "$SVC/rabbitmq/log"
+	rm -f "$SVC/rabbitmq/erl_crash.dump"
 	echo '[].' >"$RABBITMQ_ENABLED_PLUGINS_FILE"
 	# The guest user may log in from loopback only, which is where tests are.
 	printf 'loopback_users.guest = true\n' >"$RABBITMQ_CONFIG_FILE.conf"
@@ -105,6 +126,13 @@ start_rabbitmq() {
 	local i
 	for i in $(seq 1 120); do
 		"$rbin/rabbitmqctl" -n "$RABBITMQ_NODENAME" -q ping >/dev/null 2>&1 && break
+		# A node that died does not come back: say so now, not in minutes.
+		if [ -f "$SVC/rabbitmq/erl_crash.dump" ]; then
+			log "rabbitmq died at start; its crash dump says:"
+			head -n 3 "$SVC/rabbitmq/erl_crash.dump" >&2
+			tail -n 20 "$SVC"/rabbitmq/log/*.log 2>/dev/null >&2 || true
+			return 1
+		fi
 		sleep 0.5
 	done
 	"$rbin/rabbitmqctl" -n "$RABBITMQ_NODENAME" await_startup --timeout 120 >&2
@@ -137,6 +165,8 @@ start_goaws() {
 		return
 	fi
 	stop_goaws
+	port_free "$SNS_PORT" goaws SNS
+	port_free "$inner" "goaws (behind its gate, SNS_PORT + 1)" SNS
 	mkdir -p "$SVC/goaws"
 	# Host only names the emulator in the URLs it hands out (queue URLs,
 	# SigningCertURL); it listens on every interface of SNS_PORT.

@@ -51,7 +51,7 @@ func setup(t *testing.T) (*tracing.Tracing, *tracetest.SpanRecorder, trace.Trace
 }
 
 // produce enqueues n events as a producer would: inside its own span, with
-// the hook run by core.RunEnqueueHooks. It returns the events (Seq from
+// the hook run by core.PrepareEvents. It returns the events (Seq from
 // firstSeq) and the producer span's context.
 func produce(t *testing.T, tr *tracing.Tracing, app trace.Tracer, firstSeq int64, n int) ([]core.Event, trace.SpanContext) {
 	t.Helper()

@@ -18,7 +18,7 @@ type ClientOptions struct {
 	// Region overrides the configured region, e.g. "eu-west-1".
 	Region string
 	// Endpoint overrides the SNS endpoint (the client's BaseEndpoint), e.g.
-	// an emulator at "http://127.0.0.1:54100".
+	// an emulator at "http://127.0.0.1:24100".
 	Endpoint string
 	// Credentials overrides the default credentials chain.
 	Credentials aws.CredentialsProvider

@@ -554,7 +554,7 @@ var _ message.Publisher = (*MessagePublisher)(nil)
 // Publish sends msgs to topic (a name, resolved like an event's topic, or an
 // ARN), batched like Publisher.Publish. The payload is the SNS message, the
 // metadata are its attributes, and the message UUID travels as the event_id
-// header when the metadata has none, as core.NewMessage sets it. On FIFO
+// header when the metadata has none, as watermillbroker.NewMessage sets it. On FIFO
 // topics the group is the aggregate_id metadata (else the topic) and the
 // deduplication ID the event_id. It uses the context of the first message.
 // When some messages fail it returns a *core.BatchError with one entry per

@@ -65,14 +65,14 @@ number of relays may run against one table: a claim locks its rows with
 SELECT ... FOR UPDATE SKIP LOCKED, so no two relays publish the same event.
 On SQLite run one.
 
-Order: with --ordering on (after 'txoutbox migrate --ordered') the events of
-one aggregate are published in the order they were written, even across
-retries and several relays: aggregates are hashed into --ordered-partitions
-partitions that the relays lease among themselves, and an event waits while an
-earlier one of its aggregate is in backoff (or dead, with
---dead-letter-policy block). --ordering auto turns it on for brokers that keep
-per-key order (kafka://, and sns:// with fifo_only=true), which also needs
-'txoutbox migrate --ordered'. --ordering off has the highest throughput.
+Order: with --ordering on the events of one aggregate are published in the
+order they were written, even across retries and several relays: aggregates
+are hashed into --ordered-partitions partitions that the relays lease among
+themselves, and an event waits while an earlier one of its aggregate is in
+backoff (or dead, with --dead-letter-policy block). --ordering auto, the
+default, turns it on for brokers that keep per-key order (kafka://, and sns://
+with fifo_only=true). The default migrations create what it needs. --ordering
+off has the highest throughput.
 
 A failed event is retried with exponential backoff (--initial-backoff doubling
 up to --max-backoff, with jitter) and dead-lettered after --max-attempts.

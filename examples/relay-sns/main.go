@@ -98,14 +98,9 @@ func run(ctx context.Context, c config, log *slog.Logger) (core.RelayCounters, e
 		}
 	}
 
-	// The relay wakes up as soon as this process enqueues; events written
-	// by other processes are found at the next poll.
-	var relay *core.Relay
-	box, err := sqlxoutbox.New(db, sqlxoutbox.Options{Logger: log, Notifier: core.NotifierFunc(func() {
-		if relay != nil {
-			relay.Notify()
-		}
-	})})
+	// A relay on this outbox wakes up as soon as this process enqueues;
+	// events written by other processes are found at the next poll.
+	box, err := sqlxoutbox.New(db, sqlxoutbox.Options{Logger: log})
 	if err != nil {
 		return core.RelayCounters{}, err
 	}
@@ -124,7 +119,7 @@ func run(ctx context.Context, c config, log *slog.Logger) (core.RelayCounters, e
 		return core.RelayCounters{}, err
 	}
 	defer pub.Close()
-	relay, err = core.NewRelay(box, pub, core.RelayOptions{BatchSize: c.BatchSize, Logger: log})
+	relay, err := core.NewRelay(box, pub, core.RelayOptions{BatchSize: c.BatchSize, Logger: log})
 	if err != nil {
 		return core.RelayCounters{}, err
 	}
