@@ -25,7 +25,7 @@ import (
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:24100", "address to serve on")
-	target := flag.String("target", "http://127.0.0.1:54101", "goaws' URL")
+	target := flag.String("target", "http://127.0.0.1:24101", "goaws' URL")
 	flag.Parse()
 	u, err := url.Parse(*target)
 	if err != nil {
