@@ -20,6 +20,7 @@ go vet ./...
 if [ $# -gt 0 ]; then
 	exec go test -race -count=1 -timeout 20m "$@"
 fi
+scripts/vulncheck.sh
 # Tests named *Outage* take a shared broker down, so they run after the rest,
 # one package at a time.
 go test -race -count=1 -timeout 20m -skip 'Outage' ./...
