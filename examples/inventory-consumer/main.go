@@ -62,6 +62,7 @@ type config struct {
 	Topic    string
 	Demo     bool // publish demo orders (each twice) and exit when done
 	Orders   int  // demo orders
+	FailFast bool // exit when the database or the broker is down at start
 	Log      *slog.Logger
 }
 
@@ -88,6 +89,7 @@ func main() {
 	flag.StringVar(&cfg.Topic, "topic", "order.created", "topic to consume")
 	flag.BoolVar(&cfg.Demo, "demo", false, "publish demo orders, each twice, print the stock and exit")
 	flag.IntVar(&cfg.Orders, "orders", 5, "number of demo orders")
+	flag.BoolVar(&cfg.FailFast, "fail-fast", false, "exit when the database or the broker is down at start, instead of waiting for them")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -111,6 +113,35 @@ func envOr(name, def string) string {
 	return def
 }
 
+// await calls try until it succeeds, logging once when the dependency is
+// down and once when it answers, with backoff; with FailFast, or when ctx
+// ends, it returns the error.
+func await(ctx context.Context, cfg config, what string, try func() error) error {
+	wait, down := 200*time.Millisecond, false
+	for {
+		err := try()
+		if err == nil {
+			if down {
+				cfg.Log.Info("inventory: "+what+" answers; starting", "dependency", what)
+			}
+			return nil
+		}
+		if cfg.FailFast || ctx.Err() != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if !down {
+			down = true
+			cfg.Log.Warn("inventory: "+what+" does not answer; retrying until it does (-fail-fast exits instead)", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w", what, err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 15*time.Second)
+	}
+}
+
 // run starts the service and returns when ctx ends (or, in demo mode, when
 // the demo orders were consumed).
 func run(ctx context.Context, cfg config, out io.Writer) error {
@@ -129,8 +160,12 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	db := sqlx.NewDb(sqlDB, driver)
 
 	// The inbox table comes from the shared migrations (this service has no
-	// outbox of its own); stock is the service's own table.
-	if err := dialect.Migrate(ctx, sqlDB, d, dialect.MigrateOptions{SkipOutbox: true, Logger: cfg.Log}); err != nil {
+	// outbox of its own); stock is the service's own table. A database that
+	// is down at start is waited for: under a supervisor, exiting would be a
+	// crash loop.
+	if err := await(ctx, cfg, "database", func() error {
+		return dialect.Migrate(ctx, sqlDB, d, dialect.MigrateOptions{SkipOutbox: true, Logger: cfg.Log})
+	}); err != nil {
 		return err
 	}
 	if err := setupStock(ctx, db); err != nil {
@@ -149,8 +184,11 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		return err
 	}
 
-	br, err := openBroker(cfg)
-	if err != nil {
+	var br *broker
+	if err := await(ctx, cfg, "broker", func() (err error) {
+		br, err = openBroker(cfg)
+		return err
+	}); err != nil {
 		return err
 	}
 	defer br.close()

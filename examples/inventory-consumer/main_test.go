@@ -45,3 +45,27 @@ func TestDemoPostgresRabbitMQ(t *testing.T) {
 	t.Parallel()
 	runDemo(t, config{DB: "postgres", Broker: "amqp", DSN: testenv.PostgresDSN(t), AMQPURL: testenv.AMQPURL(t)})
 }
+
+// A consumer started while its broker is down waits for it (one warning),
+// instead of exiting; -fail-fast exits at once.
+func TestWaitsForTheBroker(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	cfg := config{DB: "sqlite", DSN: "file:" + filepath.Join(t.TempDir(), "i.db") + "?_pragma=busy_timeout(10000)", Broker: "amqp",
+		AMQPURL: "amqp://guest:guest@127.0.0.1:1/", Consumer: "inventory", Topic: "order.created",
+		Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := run(ctx, cfg, &bytes.Buffer{}); err == nil || time.Since(start) < 1400*time.Millisecond {
+		t.Fatalf("run = %v after %s, want it to wait for the broker until the context ended", err, time.Since(start))
+	}
+	if n := bytes.Count(logs.Bytes(), []byte("broker does not answer")); n != 1 {
+		t.Fatalf("%d warnings, want 1:\n%s", n, logs.String())
+	}
+	cfg.FailFast = true
+	start = time.Now()
+	if err := run(t.Context(), cfg, &bytes.Buffer{}); err == nil || time.Since(start) > 10*time.Second {
+		t.Fatalf("-fail-fast: %v after %s, want an error at once", err, time.Since(start))
+	}
+}
