@@ -32,6 +32,10 @@ var (
 	// for something its capabilities do not include.
 	ErrUnsupported = errors.New("txoutbox: not supported")
 
+	// ErrClosed is returned (wrapped) by a publisher (or another resource)
+	// used after Close.
+	ErrClosed = errors.New("txoutbox: closed")
+
 	// ErrPermanent is wrapped by errors made with Permanent.
 	ErrPermanent = errors.New("txoutbox: permanent failure")
 

@@ -50,10 +50,10 @@ import (
 )
 
 // ErrInvalidIdentifier is wrapped by every error that rejects a table name.
-var ErrInvalidIdentifier = errors.New("txoutbox/dialect: invalid SQL identifier")
+var ErrInvalidIdentifier = errors.New("dialect: invalid SQL identifier")
 
 // ErrUnknownDialect is returned by ByName for a name it does not know.
-var ErrUnknownDialect = errors.New("txoutbox/dialect: unknown dialect")
+var ErrUnknownDialect = errors.New("dialect: unknown dialect")
 
 // Default table names.
 const (

@@ -3,6 +3,8 @@ package dialect
 import (
 	"fmt"
 	"time"
+
+	"github.com/txoutbox/txoutbox/core"
 )
 
 // LeaseQueries is the SQL of partition leases for one outbox table (the
@@ -16,10 +18,10 @@ type LeaseQueries struct {
 }
 
 // Leases returns the lease statements of q's outbox table. It fails with an
-// error wrapping ErrUnsupported on SQLite.
+// error wrapping core.ErrUnsupported on SQLite.
 func (q *Queries) Leases() (*LeaseQueries, error) {
 	if q.d.kind != kindPostgres {
-		return nil, fmt.Errorf("%w: partition leases on %s (it runs one relay)", ErrUnsupported, q.d.Name())
+		return nil, fmt.Errorf("%w: partition leases on %s (it runs one relay)", core.ErrUnsupported, q.d.Name())
 	}
 	prefix := ""
 	if q.id.Schema != "" {

@@ -118,7 +118,7 @@ func (d Dialect) render(component string, id Identifier) ([]Migration, error) {
 	dir := path.Join("migrations", d.Name(), component)
 	entries, err := fs.ReadDir(migrationFiles, dir)
 	if err != nil {
-		return nil, fmt.Errorf("txoutbox/dialect: no %s migrations for %s: %w", component, d.Name(), err)
+		return nil, fmt.Errorf("dialect: no %s migrations for %s: %w", component, d.Name(), err)
 	}
 	schemaPrefix := ""
 	if id.Schema != "" {
@@ -142,7 +142,7 @@ func (d Dialect) render(component string, id Identifier) ([]Migration, error) {
 		num, rest, ok := strings.Cut(strings.TrimSuffix(name, ".sql"), "_")
 		v, err := strconv.Atoi(num)
 		if !ok || err != nil || v < 1 {
-			return nil, fmt.Errorf("txoutbox/dialect: migration file %s/%s is not named NNNN_name.sql", dir, name)
+			return nil, fmt.Errorf("dialect: migration file %s/%s is not named NNNN_name.sql", dir, name)
 		}
 		src, err := fs.ReadFile(migrationFiles, path.Join(dir, name))
 		if err != nil {
@@ -150,18 +150,18 @@ func (d Dialect) render(component string, id Identifier) ([]Migration, error) {
 		}
 		tmpl, err := template.New(name).Funcs(funcs).Parse(string(src))
 		if err != nil {
-			return nil, fmt.Errorf("txoutbox/dialect: migration %s/%s: %w", dir, name, err)
+			return nil, fmt.Errorf("dialect: migration %s/%s: %w", dir, name, err)
 		}
 		var b strings.Builder
 		if err := tmpl.Execute(&b, nil); err != nil {
-			return nil, fmt.Errorf("txoutbox/dialect: migration %s/%s: %w", dir, name, err)
+			return nil, fmt.Errorf("dialect: migration %s/%s: %w", dir, name, err)
 		}
 		ms = append(ms, Migration{Component: component, Table: id.String(), Version: v, Name: rest, SQL: b.String()})
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	for i := range ms {
 		if ms[i].Version != i+1 {
-			return nil, fmt.Errorf("txoutbox/dialect: %s migrations of %s skip or repeat version %d", component, d.Name(), i+1)
+			return nil, fmt.Errorf("dialect: %s migrations of %s skip or repeat version %d", component, d.Name(), i+1)
 		}
 	}
 	return ms, nil
@@ -199,7 +199,7 @@ func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration
 	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: %w", err)
+		return fmt.Errorf("dialect: migrate: %w", err)
 	}
 	defer conn.Close()
 
@@ -210,12 +210,12 @@ func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration
 		begin = "BEGIN IMMEDIATE"
 	}
 	if _, err := conn.ExecContext(ctx, begin); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: begin: %w", err)
+		return fmt.Errorf("dialect: migrate: begin: %w", err)
 	}
 	defer func() {
 		if err != nil {
 			if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), rollback); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("txoutbox/dialect: migrate: rollback: %w", rerr))
+				err = errors.Join(err, fmt.Errorf("dialect: migrate: rollback: %w", rerr))
 				// database/sql does not know about this transaction: make
 				// it discard the connection rather than pool it mid-transaction.
 				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
@@ -224,7 +224,7 @@ func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration
 	}()
 	if d.kind == kindPostgres {
 		if _, err := conn.ExecContext(ctx, d.rebind("SELECT pg_advisory_xact_lock(?)"), pgMigrateLockKey); err != nil {
-			return fmt.Errorf("txoutbox/dialect: migrate: lock: %w", err)
+			return fmt.Errorf("dialect: migrate: lock: %w", err)
 		}
 	}
 	mt := d.qualified(mid)
@@ -235,24 +235,24 @@ func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration
 	if _, err := conn.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+mt+" ("+
 		"component TEXT NOT NULL, table_name TEXT NOT NULL, version INTEGER NOT NULL, name TEXT NOT NULL, "+
 		"applied_at "+ts+" NOT NULL DEFAULT "+now+", PRIMARY KEY (component, table_name, version))"); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: create %s: %w", mid, err)
+		return fmt.Errorf("dialect: migrate: create %s: %w", mid, err)
 	}
 	applied := map[string]bool{}
 	rows, err := conn.QueryContext(ctx, "SELECT component, table_name, version FROM "+mt)
 	if err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: read %s: %w", mid, err)
+		return fmt.Errorf("dialect: migrate: read %s: %w", mid, err)
 	}
 	for rows.Next() {
 		var c, t string
 		var v int
 		if err := rows.Scan(&c, &t, &v); err != nil {
 			rows.Close()
-			return fmt.Errorf("txoutbox/dialect: migrate: read %s: %w", mid, err)
+			return fmt.Errorf("dialect: migrate: read %s: %w", mid, err)
 		}
 		applied[c+"\x00"+t+"\x00"+strconv.Itoa(v)] = true
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: read %s: %w", mid, err)
+		return fmt.Errorf("dialect: migrate: read %s: %w", mid, err)
 	}
 	record := d.rebind("INSERT INTO " + mt + " (component, table_name, version, name) VALUES (?, ?, ?, ?)")
 	var done []Migration
@@ -261,15 +261,15 @@ func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration
 			continue
 		}
 		if _, err := conn.ExecContext(ctx, m.SQL); err != nil {
-			return fmt.Errorf("txoutbox/dialect: migration %s %04d_%s on %s: %w", m.Component, m.Version, m.Name, m.Table, err)
+			return fmt.Errorf("dialect: migration %s %04d_%s on %s: %w", m.Component, m.Version, m.Name, m.Table, err)
 		}
 		if _, err := conn.ExecContext(ctx, record, m.Component, m.Table, m.Version, m.Name); err != nil {
-			return fmt.Errorf("txoutbox/dialect: record migration %s %d: %w", m.Component, m.Version, err)
+			return fmt.Errorf("dialect: record migration %s %d: %w", m.Component, m.Version, err)
 		}
 		done = append(done, m)
 	}
 	if _, err := conn.ExecContext(ctx, commit); err != nil {
-		return fmt.Errorf("txoutbox/dialect: migrate: commit: %w", err)
+		return fmt.Errorf("dialect: migrate: commit: %w", err)
 	}
 	for _, m := range done {
 		log.Info("txoutbox: applied migration", "dialect", d.Name(), "component", m.Component,

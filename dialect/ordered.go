@@ -1,7 +1,6 @@
 package dialect
 
 import (
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -25,10 +24,6 @@ const (
 	DefaultLeaseTable = "txoutbox_leases"
 	DefaultRelayTable = "txoutbox_relays"
 )
-
-// ErrUnsupported is wrapped by errors of statements a dialect does not have,
-// such as partition leases on SQLite (which runs one relay).
-var ErrUnsupported = errors.New("txoutbox/dialect: not supported by this dialect")
 
 // partitionExpr is the SQL of an event row's partition, with two bind
 // parameters for the partition count. PostgreSQL's hashtext is stable for a
@@ -125,7 +120,7 @@ func (q *Queries) ClaimOrdered(o core.OrderedClaim, limit int, lease time.Durati
 // it; for tools and tests.
 func (q *Queries) PartitionOf(seq int64, n int) (string, []any, error) {
 	if q.d.kind != kindPostgres {
-		return "", nil, fmt.Errorf("%w: partitions on %s", ErrUnsupported, q.d.Name())
+		return "", nil, fmt.Errorf("%w: partitions on %s", core.ErrUnsupported, q.d.Name())
 	}
 	return q.d.rebind("SELECT CAST(" + partitionExpr + " AS int) FROM " + q.t + " AS o WHERE o.id = ?"), []any{n, n, seq}, nil
 }

@@ -44,11 +44,11 @@ func TestOrderedClaimPlaceholdersMatchArgs(t *testing.T) {
 	if query, _ := sq.LockPartitions([]int{1}); query != "" {
 		t.Errorf("SQLite LockPartitions = %q, want none", query)
 	}
-	if _, err := sq.Leases(); !errors.Is(err, dialect.ErrUnsupported) {
-		t.Errorf("SQLite Leases: %v, want ErrUnsupported", err)
+	if _, err := sq.Leases(); !errors.Is(err, core.ErrUnsupported) {
+		t.Errorf("SQLite Leases: %v, want core.ErrUnsupported", err)
 	}
-	if _, _, err := sq.PartitionOf(1, 8); !errors.Is(err, dialect.ErrUnsupported) {
-		t.Errorf("SQLite PartitionOf: %v, want ErrUnsupported", err)
+	if _, _, err := sq.PartitionOf(1, 8); !errors.Is(err, core.ErrUnsupported) {
+		t.Errorf("SQLite PartitionOf: %v, want core.ErrUnsupported", err)
 	}
 }
 

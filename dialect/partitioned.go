@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/txoutbox/txoutbox/core"
 )
 
 // ComponentOutboxPartitioned is the migrations component of an outbox
@@ -16,9 +18,9 @@ import (
 // ComponentOutbox: a table is created by one or the other.
 const ComponentOutboxPartitioned = "outbox_partitioned"
 
-// ErrPartitionsUnsupported is returned for a partitioned outbox on a
-// dialect other than PostgreSQL.
-var ErrPartitionsUnsupported = errors.New("txoutbox/dialect: partitioned outbox needs PostgreSQL")
+// errPartitionsUnsupported (core.ErrUnsupported) is returned for a
+// partitioned outbox on a dialect other than PostgreSQL.
+var errPartitionsUnsupported = fmt.Errorf("%w: dialect: a partitioned outbox needs PostgreSQL", core.ErrUnsupported)
 
 // DefaultPartitionsAhead is how many daily partitions, today's included,
 // EnsurePartitions keeps created when PartitionOptions.Ahead is zero.
@@ -74,7 +76,7 @@ func (o PartitionOptions) withDefaults() (PartitionOptions, Identifier, error) {
 		return o, id, err
 	}
 	if o.Ahead < 0 || o.LockTimeout < 0 {
-		return o, id, fmt.Errorf("txoutbox/dialect: negative Ahead or LockTimeout")
+		return o, id, fmt.Errorf("dialect: negative Ahead or LockTimeout")
 	}
 	if o.Ahead == 0 {
 		o.Ahead = DefaultPartitionsAhead
@@ -96,7 +98,7 @@ func (o PartitionOptions) withDefaults() (PartitionOptions, Identifier, error) {
 // not migrations: create them with EnsurePartitions.
 func PartitionedMigrations(d Dialect, opts PartitionOptions) ([]Migration, error) {
 	if d.kind != kindPostgres {
-		return nil, ErrPartitionsUnsupported
+		return nil, errPartitionsUnsupported
 	}
 	_, id, err := opts.withDefaults()
 	if err != nil {
@@ -164,7 +166,7 @@ func (d Dialect) partitionIdent(id Identifier, name string) string {
 // deleted by the store's DeletePublished once published).
 func EnsurePartitions(ctx context.Context, db *sql.DB, d Dialect, opts PartitionOptions, now time.Time) (created []string, err error) {
 	if d.kind != kindPostgres {
-		return nil, ErrPartitionsUnsupported
+		return nil, errPartitionsUnsupported
 	}
 	o, id, err := opts.withDefaults()
 	if err != nil {
@@ -172,7 +174,7 @@ func EnsurePartitions(ctx context.Context, db *sql.DB, d Dialect, opts Partition
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, fmt.Errorf("txoutbox/dialect: ensure partitions: %w", err)
+		return nil, fmt.Errorf("dialect: ensure partitions: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -180,7 +182,7 @@ func EnsurePartitions(ctx context.Context, db *sql.DB, d Dialect, opts Partition
 		}
 	}()
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", pgPartitionLockKey); err != nil {
-		return nil, fmt.Errorf("txoutbox/dialect: ensure partitions: lock: %w", err)
+		return nil, fmt.Errorf("dialect: ensure partitions: lock: %w", err)
 	}
 	today := now.UTC().Truncate(24 * time.Hour)
 	for i := range o.Ahead {
@@ -189,7 +191,7 @@ func EnsurePartitions(ctx context.Context, db *sql.DB, d Dialect, opts Partition
 		qname := d.partitionIdent(id, name)
 		var exists bool
 		if err := tx.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", qname).Scan(&exists); err != nil {
-			return nil, fmt.Errorf("txoutbox/dialect: ensure partitions: %w", err)
+			return nil, fmt.Errorf("dialect: ensure partitions: %w", err)
 		}
 		if exists {
 			continue
@@ -199,12 +201,12 @@ func EnsurePartitions(ctx context.Context, db *sql.DB, d Dialect, opts Partition
 		from, to := day.Format("2006-01-02 15:04:05Z07:00"), day.AddDate(0, 0, 1).Format("2006-01-02 15:04:05Z07:00")
 		if _, err := tx.ExecContext(ctx, "CREATE TABLE "+qname+" PARTITION OF "+d.qualified(id)+
 			" FOR VALUES FROM ('"+from+"') TO ('"+to+"')"); err != nil {
-			return nil, fmt.Errorf("txoutbox/dialect: create partition %s of %s: %w", name, id, err)
+			return nil, fmt.Errorf("dialect: create partition %s of %s: %w", name, id, err)
 		}
 		created = append(created, name)
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("txoutbox/dialect: ensure partitions: commit: %w", err)
+		return nil, fmt.Errorf("dialect: ensure partitions: commit: %w", err)
 	}
 	for _, name := range created {
 		o.Logger.Info("txoutbox: created outbox partition", "table", id.String(), "partition", name)
@@ -234,7 +236,7 @@ type PartitionDrop struct {
 func DropPartitions(ctx context.Context, db *sql.DB, d Dialect, opts PartitionOptions, before time.Time) (PartitionDrop, error) {
 	var res PartitionDrop
 	if d.kind != kindPostgres {
-		return res, ErrPartitionsUnsupported
+		return res, errPartitionsUnsupported
 	}
 	o, id, err := opts.withDefaults()
 	if err != nil {
@@ -243,26 +245,26 @@ func DropPartitions(ctx context.Context, db *sql.DB, d Dialect, opts PartitionOp
 	rows, err := db.QueryContext(ctx, "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"+
 		" WHERE i.inhparent = CAST($1 AS regclass) ORDER BY c.relname", d.qualified(id))
 	if err != nil {
-		return res, fmt.Errorf("txoutbox/dialect: list partitions of %s: %w", id, err)
+		return res, fmt.Errorf("dialect: list partitions of %s: %w", id, err)
 	}
 	var old []string
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {
 			rows.Close()
-			return res, fmt.Errorf("txoutbox/dialect: list partitions of %s: %w", id, err)
+			return res, fmt.Errorf("dialect: list partitions of %s: %w", id, err)
 		}
 		if day, ok := partitionDay(id.Name, name); ok && !day.AddDate(0, 0, 1).After(before) {
 			old = append(old, name)
 		}
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return res, fmt.Errorf("txoutbox/dialect: list partitions of %s: %w", id, err)
+		return res, fmt.Errorf("dialect: list partitions of %s: %w", id, err)
 	}
 	for _, name := range old {
 		n, dropped, err := dropPartition(ctx, db, d, d.partitionIdent(id, name), before, o.LockTimeout)
 		if err != nil {
-			return res, fmt.Errorf("txoutbox/dialect: drop partition %s: %w", name, err)
+			return res, fmt.Errorf("dialect: drop partition %s: %w", name, err)
 		}
 		if !dropped {
 			res.Kept = append(res.Kept, name)
@@ -333,10 +335,10 @@ type PartitionMaintainer struct {
 // of opts on db.
 func NewPartitionMaintainer(db *sql.DB, d Dialect, opts PartitionOptions) (*PartitionMaintainer, error) {
 	if d.kind != kindPostgres {
-		return nil, ErrPartitionsUnsupported
+		return nil, errPartitionsUnsupported
 	}
 	if db == nil {
-		return nil, fmt.Errorf("txoutbox/dialect: NewPartitionMaintainer needs a *sql.DB")
+		return nil, fmt.Errorf("dialect: NewPartitionMaintainer needs a *sql.DB")
 	}
 	if _, _, err := opts.withDefaults(); err != nil {
 		return nil, err

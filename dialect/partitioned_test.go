@@ -111,7 +111,7 @@ func TestPartitionedMigrateAndEnsure(t *testing.T) {
 		t.Errorf("event stored in %q (%v), want %s", part, err, dayName("app_events", 0))
 	}
 
-	if _, err := dialect.PartitionedMigrations(dialect.SQLite, opts); !errors.Is(err, dialect.ErrPartitionsUnsupported) {
+	if _, err := dialect.PartitionedMigrations(dialect.SQLite, opts); !errors.Is(err, core.ErrUnsupported) {
 		t.Errorf("SQLite: %v", err)
 	}
 	if _, err := dialect.PartitionedMigrations(dialect.Postgres, dialect.PartitionOptions{Table: "x; DROP TABLE y"}); !errors.Is(err, dialect.ErrInvalidIdentifier) {

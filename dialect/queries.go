@@ -16,7 +16,7 @@ import (
 // ErrInvalidFilter is wrapped by errors that reject a filter of a dead-letter
 // or replay operation, e.g. an empty one that would touch every row without
 // All set.
-var ErrInvalidFilter = errors.New("txoutbox/dialect: invalid filter")
+var ErrInvalidFilter = errors.New("dialect: invalid filter")
 
 // MaxInsertRows is the most events one Insert statement writes. Callers split
 // bigger batches; it keeps every statement far below the bind parameter
@@ -124,7 +124,7 @@ func (q *Queries) Insert(events []core.Event) (string, []any, error) {
 // insertValues is the INSERT ... VALUES of events with ? placeholders.
 func (q *Queries) insertValues(events []core.Event) (string, []any, error) {
 	if len(events) == 0 || len(events) > MaxInsertRows {
-		return "", nil, fmt.Errorf("txoutbox/dialect: Insert takes 1 to %d events, got %d", MaxInsertRows, len(events))
+		return "", nil, fmt.Errorf("dialect: Insert takes 1 to %d events, got %d", MaxInsertRows, len(events))
 	}
 	row := "(?, ?, ?, ?, ?, ?)"
 	if q.d.kind == kindPostgres {
@@ -146,7 +146,7 @@ func (q *Queries) insertValues(events []core.Event) (string, []any, error) {
 		if len(ev.Headers) > 0 {
 			h, err := json.Marshal(ev.Headers)
 			if err != nil {
-				return "", nil, fmt.Errorf("txoutbox/dialect: marshal headers of event %s: %w", ev.ID, err)
+				return "", nil, fmt.Errorf("dialect: marshal headers of event %s: %w", ev.ID, err)
 			}
 			headers = string(h)
 		}
@@ -159,7 +159,7 @@ func (q *Queries) insertValues(events []core.Event) (string, []any, error) {
 // cannot carry the outbox INSERT: one on a dialect without data-modifying
 // WITH (SQLite), or one that is not a single INSERT, UPDATE, DELETE or
 // SELECT, optionally with a WITH clause of its own.
-var ErrNotAttachable = errors.New("txoutbox/dialect: statement cannot carry the outbox insert")
+var ErrNotAttachable = errors.New("dialect: statement cannot carry the outbox insert")
 
 // InsertWith returns stmt with the INSERT of events (at most MaxInsertRows,
 // each already Prepared) attached as a data-modifying WITH query, so that
@@ -298,7 +298,7 @@ func (q *Queries) markFailed(fs []core.Failure, count bool) (string, []any, erro
 	}
 	js, err := json.Marshal(rows)
 	if err != nil {
-		return "", nil, fmt.Errorf("txoutbox/dialect: encode failures: %w", err)
+		return "", nil, fmt.Errorf("dialect: encode failures: %w", err)
 	}
 	now := q.d.now()
 	var s string
@@ -565,7 +565,7 @@ func (q *Queries) eventIDMatch(ids []string) (string, any, error) {
 	}
 	js, err := json.Marshal(ids)
 	if err != nil {
-		return "", nil, fmt.Errorf("txoutbox/dialect: encode event IDs: %w", err)
+		return "", nil, fmt.Errorf("dialect: encode event IDs: %w", err)
 	}
 	if q.d.kind == kindPostgres {
 		return "event_id IN (SELECT CAST(value AS uuid) FROM jsonb_array_elements_text(CAST(? AS jsonb)))", string(js), nil

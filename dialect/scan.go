@@ -36,7 +36,7 @@ func (t *Time) Scan(v any) error {
 	case []byte:
 		s = string(v)
 	default:
-		return fmt.Errorf("txoutbox/dialect: cannot scan %T into a timestamp", v)
+		return fmt.Errorf("dialect: cannot scan %T into a timestamp", v)
 	}
 	for _, layout := range []string{sqliteTimeFormat, time.RFC3339Nano, "2006-01-02 15:04:05.999999999Z07:00", "2006-01-02 15:04:05.999999999"} {
 		if p, err := time.Parse(layout, s); err == nil {
@@ -44,7 +44,7 @@ func (t *Time) Scan(v any) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("txoutbox/dialect: cannot parse timestamp %q", s)
+	return fmt.Errorf("dialect: cannot parse timestamp %q", s)
 }
 
 func (t Time) ptr() *time.Time {
@@ -72,7 +72,7 @@ func ScanEvent(scan func(dest ...any) error) (core.Event, error) {
 	ev.Payload = json.RawMessage(payload)
 	h, err := DecodeHeaders(headers)
 	if err != nil {
-		return core.Event{}, fmt.Errorf("txoutbox/dialect: headers of event %d: %w", ev.Seq, err)
+		return core.Event{}, fmt.Errorf("dialect: headers of event %d: %w", ev.Seq, err)
 	}
 	ev.Headers = h
 	ev.CreatedAt = created.Time

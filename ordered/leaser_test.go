@@ -248,7 +248,7 @@ func TestLeaserPartitionCountMismatch(t *testing.T) {
 	if err := l.Run(context.Background()); !errors.Is(err, core.ErrPartitionCountMismatch) {
 		t.Fatalf("Run with another partition count = %v, want ErrPartitionCountMismatch", err)
 	}
-	if _, err := ordered.NewLeaser(db, dialect.SQLite, ordered.LeaserOptions{}); !errors.Is(err, dialect.ErrUnsupported) {
+	if _, err := ordered.NewLeaser(db, dialect.SQLite, ordered.LeaserOptions{}); !errors.Is(err, core.ErrUnsupported) {
 		t.Fatalf("NewLeaser on SQLite = %v, want ErrUnsupported", err)
 	}
 	if _, err := ordered.NewLeaser(db, dialect.Postgres, ordered.LeaserOptions{LeaseTTL: time.Second, RenewInterval: 2 * time.Second}); !errors.Is(err, core.ErrInvalidOptions) {

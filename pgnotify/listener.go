@@ -112,7 +112,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		}
 		l.errs.Add(1)
 		wait := b.next()
-		l.log.Warn("txoutbox/pgnotify: listener connection lost; relay falls back to polling until it is back", "error", err, "retry_in", wait)
+		l.log.Warn("pgnotify: listener connection lost; relay falls back to polling until it is back", "error", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -126,7 +126,7 @@ func (l *Listener) Run(ctx context.Context) error {
 func (l *Listener) session(ctx context.Context, b *backoff) error {
 	conn, err := pgx.ConnectConfig(ctx, l.cfg)
 	if err != nil {
-		return fmt.Errorf("txoutbox/pgnotify: connect: %w", err)
+		return fmt.Errorf("pgnotify: connect: %w", err)
 	}
 	defer func() {
 		l.pid.Store(0)
@@ -135,11 +135,11 @@ func (l *Listener) session(ctx context.Context, b *backoff) error {
 		_ = conn.Close(cctx)
 	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
-		return fmt.Errorf("txoutbox/pgnotify: listen: %w", err)
+		return fmt.Errorf("pgnotify: listen: %w", err)
 	}
 	l.pid.Store(conn.PgConn().PID())
 	if n := l.connects.Add(1); n > 1 {
-		l.log.Info("txoutbox/pgnotify: listener reconnected", "connects", n)
+		l.log.Info("pgnotify: listener reconnected", "connects", n)
 	}
 	b.reset()
 	l.readyOnce.Do(func() { close(l.ready) })
@@ -151,7 +151,7 @@ func (l *Listener) session(ctx context.Context, b *backoff) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("txoutbox/pgnotify: wait for notification: %w", err)
+			return fmt.Errorf("pgnotify: wait for notification: %w", err)
 		}
 		l.notifications.Add(1)
 		l.target.Notify()

@@ -191,7 +191,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 			n.close(conn)
 			conn = nil
 			wait := b.next()
-			n.log.Warn("txoutbox/pgnotify: NOTIFY failed; relays fall back to polling", "error", err, "retry_in", wait)
+			n.log.Warn("pgnotify: NOTIFY failed; relays fall back to polling", "error", err, "retry_in", wait)
 			if !sleep(wait) {
 				return nil
 			}
@@ -211,13 +211,13 @@ func (n *Notifier) send(ctx context.Context, conn *pgx.Conn) (*pgx.Conn, error) 
 	if conn == nil {
 		c, err := pgx.ConnectConfig(ctx, n.cfg)
 		if err != nil {
-			return nil, fmt.Errorf("txoutbox/pgnotify: connect: %w", err)
+			return nil, fmt.Errorf("pgnotify: connect: %w", err)
 		}
 		conn = c
 		n.pid.Store(conn.PgConn().PID())
 	}
 	if _, err := conn.Exec(ctx, "SELECT pg_notify($1, '')", n.channel); err != nil {
-		return conn, fmt.Errorf("txoutbox/pgnotify: notify: %w", err)
+		return conn, fmt.Errorf("pgnotify: notify: %w", err)
 	}
 	return conn, nil
 }

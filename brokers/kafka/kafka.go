@@ -36,8 +36,6 @@ import (
 var (
 	// ErrPublish is wrapped by the error of an event Kafka did not take.
 	ErrPublish = errors.New("kafkabroker: publish failed")
-	// ErrClosed is returned by Publish after Close.
-	ErrClosed = errors.New("kafkabroker: publisher closed")
 )
 
 // defaultVersion is the Kafka protocol version NewSaramaConfig asks for:
@@ -214,7 +212,7 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
-		return ErrClosed
+		return fmt.Errorf("%w: kafkabroker: publisher closed", core.ErrClosed)
 	}
 	be := core.NewBatchError(len(events))
 	acks := make(chan ack, len(events))

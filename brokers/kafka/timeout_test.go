@@ -68,7 +68,7 @@ func TestPublishAfterClose(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Publish(t.Context(), []core.Event{event(t, "order.closed", "o", 0)}); !errors.Is(err, kafkabroker.ErrClosed) {
+	if err := p.Publish(t.Context(), []core.Event{event(t, "order.closed", "o", 0)}); !errors.Is(err, core.ErrClosed) {
 		t.Fatalf("Publish after Close = %v, want ErrClosed", err)
 	}
 	if err := p.Close(); err != nil {

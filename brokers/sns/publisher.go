@@ -23,8 +23,6 @@ import (
 // Errors the publisher wraps, so that callers can tell them apart with
 // errors.Is.
 var (
-	// ErrClosed is returned by Publish after Close.
-	ErrClosed = errors.New("snsbroker: publisher closed")
 	// ErrUnknownTopic means no topic ARN could be resolved for a topic
 	// name: it is not in Options.TopicARNs, and neither CreateTopics nor
 	// TopicARNPrefix is set.
@@ -243,7 +241,7 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 		return nil
 	}
 	if p.closed.Load() {
-		return ErrClosed
+		return fmt.Errorf("%w: snsbroker: publisher closed", core.ErrClosed)
 	}
 	errs := make([]error, len(events))
 	entries := make([]entry, 0, len(events))
@@ -264,7 +262,7 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	return (&core.BatchError{Errs: errs}).ErrOrNil()
 }
 
-// Close makes later Publish calls fail with ErrClosed. Calls in flight
+// Close makes later Publish calls fail with core.ErrClosed. Calls in flight
 // finish. The SNS client needs no closing.
 func (p *Publisher) Close() error {
 	p.closed.Store(true)
@@ -564,7 +562,7 @@ func (m *MessagePublisher) Publish(topic string, msgs ...*message.Message) error
 		return nil
 	}
 	if m.p.closed.Load() {
-		return ErrClosed
+		return fmt.Errorf("%w: snsbroker: publisher closed", core.ErrClosed)
 	}
 	ctx := msgs[0].Context()
 	entries := make([]entry, len(msgs))

@@ -510,10 +510,10 @@ func TestMessagePublisher(t *testing.T) {
 	if err := mp.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := mp.Publish(topic, message.NewMessage(uuid.NewString(), []byte("{}"))); !errors.Is(err, snsbroker.ErrClosed) {
+	if err := mp.Publish(topic, message.NewMessage(uuid.NewString(), []byte("{}"))); !errors.Is(err, core.ErrClosed) {
 		t.Errorf("Publish after Close = %v, want ErrClosed", err)
 	}
-	if err := p.Publish(ctx, events(t, "x", 1, 1)); !errors.Is(err, snsbroker.ErrClosed) {
+	if err := p.Publish(ctx, events(t, "x", 1, 1)); !errors.Is(err, core.ErrClosed) {
 		t.Errorf("Publisher.Publish after Close = %v, want ErrClosed", err)
 	}
 }
