@@ -79,7 +79,6 @@ func NewListener(connString string, target core.Notifier, opts ListenerOptions) 
 	return &Listener{cfg: cfg, target: target, channel: ch, opts: opts, log: opts.Logger.With("channel", ch), ready: make(chan struct{})}, nil
 }
 
-
 // Ready returns a channel that is closed once the first LISTEN succeeded;
 // notifications sent before that are not seen (the relay's first claim or
 // poll covers them).
