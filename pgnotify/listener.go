@@ -59,7 +59,7 @@ type Listener struct {
 // on the channel. target is typically the *core.Relay.
 func NewListener(connString string, target core.Notifier, opts ListenerOptions) (*Listener, error) {
 	if target == nil {
-		return nil, fmt.Errorf("%w: NewListener needs a target Notifier", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: NewListener needs a target Notifier", core.ErrInvalidOptions)
 	}
 	ch, err := checkChannel(opts.Channel)
 	if err != nil {

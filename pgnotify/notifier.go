@@ -85,19 +85,19 @@ func NewNotifier(connString string, opts NotifierOptions) (*Notifier, error) {
 		return nil, err
 	}
 	if opts.Debounce < 0 {
-		return nil, fmt.Errorf("%w: negative Debounce", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: negative Debounce", core.ErrInvalidOptions)
 	}
 	if opts.Debounce == 0 {
 		opts.Debounce = DefaultDebounce
 	}
 	if opts.MaxDebounce < 0 {
-		return nil, fmt.Errorf("%w: negative MaxDebounce", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: negative MaxDebounce", core.ErrInvalidOptions)
 	}
 	if opts.MaxDebounce == 0 {
 		opts.MaxDebounce = max(DefaultMaxDebounce, opts.Debounce)
 	}
 	if opts.MaxDebounce < opts.Debounce {
-		return nil, fmt.Errorf("%w: MaxDebounce %v below Debounce %v", ErrInvalidOptions, opts.MaxDebounce, opts.Debounce)
+		return nil, fmt.Errorf("%w: MaxDebounce %v below Debounce %v", core.ErrInvalidOptions, opts.MaxDebounce, opts.Debounce)
 	}
 	if opts.MinBackoff, opts.MaxBackoff, err = checkBackoff(opts.MinBackoff, opts.MaxBackoff); err != nil {
 		return nil, err

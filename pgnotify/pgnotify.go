@@ -62,10 +62,6 @@ const (
 	DefaultMaxBackoff  = 10 * time.Second
 )
 
-// ErrInvalidOptions is wrapped by errors that reject a configuration. It is
-// core.ErrInvalidOptions, so either name works with errors.Is.
-var ErrInvalidOptions = core.ErrInvalidOptions
-
 // ErrAlreadyRunning is returned by Run when the Listener or Notifier is
 // already running: each owns one connection and one loop.
 var ErrAlreadyRunning = errors.New("pgnotify: already running")
@@ -80,11 +76,11 @@ func checkChannel(ch string) (string, error) {
 		ch = DefaultChannel
 	}
 	if len(ch) > maxChannelLen {
-		return "", fmt.Errorf("%w: channel %q is longer than %d bytes", ErrInvalidOptions, ch, maxChannelLen)
+		return "", fmt.Errorf("%w: channel %q is longer than %d bytes", core.ErrInvalidOptions, ch, maxChannelLen)
 	}
 	for i := 0; i < len(ch); i++ {
 		if ch[i] == 0 {
-			return "", fmt.Errorf("%w: channel contains NUL", ErrInvalidOptions)
+			return "", fmt.Errorf("%w: channel contains NUL", core.ErrInvalidOptions)
 		}
 	}
 	return ch, nil
@@ -93,7 +89,7 @@ func checkChannel(ch string) (string, error) {
 func parseConfig(connString, appName string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(connString)
 	if err != nil {
-		return nil, fmt.Errorf("%w: parse connection string: %w", ErrInvalidOptions, err)
+		return nil, fmt.Errorf("%w: parse connection string: %w", core.ErrInvalidOptions, err)
 	}
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
@@ -124,7 +120,7 @@ func (b *backoff) reset() { b.cur = 0 }
 
 func checkBackoff(minB, maxB time.Duration) (time.Duration, time.Duration, error) {
 	if minB < 0 || maxB < 0 {
-		return 0, 0, fmt.Errorf("%w: negative backoff", ErrInvalidOptions)
+		return 0, 0, fmt.Errorf("%w: negative backoff", core.ErrInvalidOptions)
 	}
 	if minB == 0 {
 		minB = DefaultMinBackoff
@@ -133,7 +129,7 @@ func checkBackoff(minB, maxB time.Duration) (time.Duration, time.Duration, error
 		maxB = max(DefaultMaxBackoff, minB)
 	}
 	if maxB < minB {
-		return 0, 0, fmt.Errorf("%w: MaxBackoff %v below MinBackoff %v", ErrInvalidOptions, maxB, minB)
+		return 0, 0, fmt.Errorf("%w: MaxBackoff %v below MinBackoff %v", core.ErrInvalidOptions, maxB, minB)
 	}
 	return minB, maxB, nil
 }

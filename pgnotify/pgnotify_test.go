@@ -120,25 +120,25 @@ func terminate(t *testing.T, dsn string, pid uint32) {
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
 	long := string(make([]byte, 64))
-	if _, err := pgnotify.NewListener("postgres://x", nil, pgnotify.ListenerOptions{}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+	if _, err := pgnotify.NewListener("postgres://x", nil, pgnotify.ListenerOptions{}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("nil target: %v", err)
 	}
-	if _, err := pgnotify.NewListener("postgres://x", newWakes(), pgnotify.ListenerOptions{Channel: long}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+	if _, err := pgnotify.NewListener("postgres://x", newWakes(), pgnotify.ListenerOptions{Channel: long}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("long channel: %v", err)
 	}
-	if _, err := pgnotify.NewListener("not a dsn ://", newWakes(), pgnotify.ListenerOptions{}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+	if _, err := pgnotify.NewListener("not a dsn ://", newWakes(), pgnotify.ListenerOptions{}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("bad dsn: %v", err)
 	}
-	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{Debounce: -1}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{Debounce: -1}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("negative debounce: %v", err)
 	}
-	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{MinBackoff: time.Second, MaxBackoff: time.Millisecond}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{MinBackoff: time.Second, MaxBackoff: time.Millisecond}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("max below min backoff: %v", err)
 	}
-	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{MaxDebounce: -1}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{MaxDebounce: -1}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("negative max debounce: %v", err)
 	}
-	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{Debounce: time.Second, MaxDebounce: time.Millisecond}); !errors.Is(err, pgnotify.ErrInvalidOptions) {
+	if _, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{Debounce: time.Second, MaxDebounce: time.Millisecond}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("max debounce below debounce: %v", err)
 	}
 	n, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{})
