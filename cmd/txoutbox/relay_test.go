@@ -83,9 +83,12 @@ func TestRelayMetricsAndGracefulShutdown(t *testing.T) {
 		"--batch-size", "10", "--poll-interval", "50ms", "--stats-interval", "100ms",
 		"--lag-threshold", "1m", "--max-attempts", "100", "--initial-backoff", "1h")
 
-	if code, rep := healthz(t, addr); code != http.StatusOK || rep.Status != "ok" {
-		t.Fatalf("healthz while running: %d %+v", code, rep)
-	}
+	// The HTTP server answers while the relay still checks its
+	// dependencies ("starting"); it turns ok once both answered.
+	waitFor(t, 30*time.Second, "healthz ok", func() bool {
+		code, rep := healthz(t, addr)
+		return code == http.StatusOK && rep.Status == "ok"
+	})
 	var first map[string]float64
 	waitFor(t, 30*time.Second, "10 events published according to /metrics", func() bool {
 		first = scrape(t, addr)
