@@ -58,6 +58,18 @@ type Listener struct {
 // connection string or URL) and calls target.Notify for every notification
 // on the channel. target is typically the *core.Relay.
 func NewListener(connString string, target core.Notifier, opts ListenerOptions) (*Listener, error) {
+	cfg, err := parseConfig(connString)
+	if err != nil {
+		return nil, err
+	}
+	return NewListenerConfig(cfg, target, opts)
+}
+
+// NewListenerConfig is NewListener with a parsed configuration: from a pgx
+// pool, pool.Config().ConnConfig, so that a service on pgx needs nothing
+// else. The Listener connects with a copy of cfg, outside the pool (LISTEN
+// holds its connection for as long as it runs).
+func NewListenerConfig(cfg *pgx.ConnConfig, target core.Notifier, opts ListenerOptions) (*Listener, error) {
 	if target == nil {
 		return nil, fmt.Errorf("%w: NewListener needs a target Notifier", core.ErrInvalidOptions)
 	}
@@ -68,8 +80,7 @@ func NewListener(connString string, target core.Notifier, opts ListenerOptions) 
 	if opts.MinBackoff, opts.MaxBackoff, err = checkBackoff(opts.MinBackoff, opts.MaxBackoff); err != nil {
 		return nil, err
 	}
-	cfg, err := parseConfig(connString, "txoutbox-listener")
-	if err != nil {
+	if cfg, err = ownConfig(cfg, "txoutbox-listener"); err != nil {
 		return nil, err
 	}
 	if opts.Logger == nil {

@@ -80,6 +80,18 @@ var _ core.Notifier = (*Notifier)(nil)
 // NewNotifier returns a Notifier that connects with connString (a pgx
 // connection string or URL) and sends pg_notify on the channel.
 func NewNotifier(connString string, opts NotifierOptions) (*Notifier, error) {
+	cfg, err := parseConfig(connString)
+	if err != nil {
+		return nil, err
+	}
+	return NewNotifierConfig(cfg, opts)
+}
+
+// NewNotifierConfig is NewNotifier with a parsed configuration: from a pgx
+// pool, pool.Config().ConnConfig, so that a service on pgx needs nothing
+// else. The Notifier connects with a copy of cfg, outside the pool, so
+// that a busy pool never delays a wake-up.
+func NewNotifierConfig(cfg *pgx.ConnConfig, opts NotifierOptions) (*Notifier, error) {
 	ch, err := checkChannel(opts.Channel)
 	if err != nil {
 		return nil, err
@@ -102,8 +114,7 @@ func NewNotifier(connString string, opts NotifierOptions) (*Notifier, error) {
 	if opts.MinBackoff, opts.MaxBackoff, err = checkBackoff(opts.MinBackoff, opts.MaxBackoff); err != nil {
 		return nil, err
 	}
-	cfg, err := parseConfig(connString, "txoutbox-notifier")
-	if err != nil {
+	if cfg, err = ownConfig(cfg, "txoutbox-notifier"); err != nil {
 		return nil, err
 	}
 	if _, set := cfg.RuntimeParams["synchronous_commit"]; !set && !opts.SynchronousCommit {

@@ -86,11 +86,21 @@ func checkChannel(ch string) (string, error) {
 	return ch, nil
 }
 
-func parseConfig(connString, appName string) (*pgx.ConnConfig, error) {
+func parseConfig(connString string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(connString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: parse connection string: %w", core.ErrInvalidOptions, err)
 	}
+	return cfg, nil
+}
+
+// ownConfig returns a copy of cfg, named appName in pg_stat_activity unless
+// cfg names itself: the caller's cfg (a pool's) is left as it was.
+func ownConfig(cfg *pgx.ConnConfig, appName string) (*pgx.ConnConfig, error) {
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: nil *pgx.ConnConfig", core.ErrInvalidOptions)
+	}
+	cfg = cfg.Copy()
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
 	}

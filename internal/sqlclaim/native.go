@@ -91,13 +91,13 @@ func claimNative(ctx context.Context, pc *pgx.Conn, query string, args []any, li
 	if err != nil {
 		return nil, errors.Join(err, br.Close())
 	}
-	evs, err := scanNative(rows, limit)
+	evs, err := ScanPgx(rows, limit)
 	return evs, errors.Join(err, br.Close())
 }
 
-// scanNative reads the rows of an event-returning statement (the columns
+// ScanPgx reads and closes the rows of an event-returning statement (the columns
 // of dialect's event statements, in their order), expecting at most limit.
-func scanNative(rows pgx.Rows, limit int) ([]core.Event, error) {
+func ScanPgx(rows pgx.Rows, limit int) ([]core.Event, error) {
 	defer rows.Close()
 	// Sized for a full batch: growing a slice of events by doubling copied
 	// each of them several times.

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/txoutbox/txoutbox/testing/sqlfixture"
 )
@@ -50,13 +51,37 @@ const MaxOpenConns = sqlfixture.MaxOpenConns
 // the test ends.
 func OpenPostgres(t testing.TB) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("pgx", PostgresDSN(t))
+	return OpenPostgresDSN(t, PostgresDSN(t))
+}
+
+// OpenPostgresDSN is OpenPostgres on the database of dsn.
+func OpenPostgresDSN(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		t.Fatalf("open postgres: %v", err)
 	}
 	db.SetMaxOpenConns(MaxOpenConns)
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// OpenPgxPool opens a pgx pool on dsn (a database of PostgresDSN), capped
+// at MaxOpenConns connections like OpenPostgres, and closes it when the
+// test ends.
+func OpenPgxPool(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatalf("parse pool config: %v", err)
+	}
+	cfg.MaxConns = MaxOpenConns
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("open pgx pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // AMQPURL returns the URL of the RabbitMQ that make test starts.
