@@ -36,8 +36,16 @@
 //	go l.Run(ctx)
 //	relay.Run(ctx)
 //
-// When producers and the relay share a process, pass the relay itself as the
-// adapter's Notifier: that is cheaper still and needs no connection.
+// A service on pgx builds both from its pool's configuration, with nothing
+// else to connect with:
+//
+//	n, _ := pgnotify.NewNotifierConfig(pool.Config().ConnConfig, pgnotify.NotifierOptions{})
+//	outbox, _ := pgxoutbox.New(pool, pgxoutbox.Options{Notifier: n})
+//	l, _ := pgnotify.NewListenerConfig(pool.Config().ConnConfig, relay, pgnotify.ListenerOptions{})
+//
+// When producers and the relay share a process and a database handle, they
+// need none of this: every adapter's writes wake the relays on the same
+// handle and table directly (core.StoreCapabilities.Wakeups).
 package pgnotify
 
 import (

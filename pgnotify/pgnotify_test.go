@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
 
+	pgxoutbox "github.com/txoutbox/txoutbox/adapters/pgx"
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
@@ -147,6 +148,27 @@ func TestOptionsValidation(t *testing.T) {
 	}
 	if o := n.Options(); n.Channel() != pgnotify.DefaultChannel || o.Debounce != pgnotify.DefaultDebounce || o.MaxDebounce != pgnotify.DefaultMaxDebounce {
 		t.Errorf("defaults: channel %q debounce %v max %v", n.Channel(), o.Debounce, o.MaxDebounce)
+	}
+	if _, err := pgnotify.NewListenerConfig(nil, newWakes(), pgnotify.ListenerOptions{}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("nil listener config: %v", err)
+	}
+	if _, err := pgnotify.NewNotifierConfig(nil, pgnotify.NotifierOptions{}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("nil notifier config: %v", err)
+	}
+	// A pool's configuration is the caller's: the Notifier and Listener
+	// name their own copies.
+	cfg, err := pgx.ParseConfig("postgres://x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgnotify.NewNotifierConfig(cfg, pgnotify.NotifierOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgnotify.NewListenerConfig(cfg, newWakes(), pgnotify.ListenerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.RuntimeParams) != 0 {
+		t.Errorf("the caller's configuration was changed: %v", cfg.RuntimeParams)
 	}
 	// A long Debounce alone raises the maximum with it.
 	if n, err := pgnotify.NewNotifier("postgres://x", pgnotify.NotifierOptions{Debounce: time.Second}); err != nil || n.Options().MaxDebounce != time.Second {
@@ -305,33 +327,89 @@ func TestNotifierSendsEveryWindowAndReconnects(t *testing.T) {
 // TestRelayWokenAcrossConnections is the whole path on the real database: a
 // producer's Enqueue asks the Notifier, the Notifier's NOTIFY reaches the
 // Listener, the Listener wakes a relay that would otherwise not poll for an
-// hour, and the relay publishes the event.
+// hour, and the relay publishes the event. The producer and the relay use
+// separate pools, as separate processes do, so that no in-process wake-up
+// can stand in for the notification. It runs on database/sql with DSNs and
+// on pgx pools with their configurations.
 func TestRelayWokenAcrossConnections(t *testing.T) {
 	t.Parallel()
-	dsn := testenv.PostgresDSN(t)
-	ctx := context.Background()
-	db, err := sqlx.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
+	type side struct {
+		enqueue func(ctx context.Context, evs []core.Event) error
+		store   core.Store
 	}
-	t.Cleanup(func() { db.Close() })
-	if err := dialect.Migrate(ctx, db.DB, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
-		t.Fatal(err)
-	}
+	t.Run("database/sql", func(t *testing.T) {
+		t.Parallel()
+		dsn := testenv.PostgresDSN(t)
+		open := func() *sqlx.DB {
+			db, err := sqlx.Open("pgx", dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			return db
+		}
+		producerDB, relayDB := open(), open()
+		if err := dialect.Migrate(t.Context(), producerDB.DB, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
+			t.Fatal(err)
+		}
+		n, err := pgnotify.NewNotifier(dsn, pgnotify.NotifierOptions{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		producer, err := sqlxoutbox.New(producerDB, sqlxoutbox.Options{Notifier: n, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		relayStore, err := sqlxoutbox.New(relayDB, sqlxoutbox.Options{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		relayWokenAcrossConnections(t, n, func(relay *core.Relay) (*pgnotify.Listener, error) {
+			return pgnotify.NewListener(dsn, relay, pgnotify.ListenerOptions{Logger: quiet})
+		}, relayStore, func(ctx context.Context, evs []core.Event) error {
+			tx, err := producerDB.BeginTxx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			if err := producer.Enqueue(ctx, tx, evs...); err != nil {
+				return err
+			}
+			return tx.Commit()
+		})
+	})
+	t.Run("pgx", func(t *testing.T) {
+		t.Parallel()
+		dsn := testenv.PostgresDSN(t)
+		producerPool, relayPool := testenv.OpenPgxPool(t, dsn), testenv.OpenPgxPool(t, dsn)
+		if err := pgxoutbox.Migrate(t.Context(), producerPool, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
+			t.Fatal(err)
+		}
+		n, err := pgnotify.NewNotifierConfig(producerPool.Config().ConnConfig, pgnotify.NotifierOptions{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		producer, err := pgxoutbox.New(producerPool, pgxoutbox.Options{Notifier: n, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		relayStore, err := pgxoutbox.New(relayPool, pgxoutbox.Options{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		relayWokenAcrossConnections(t, n, func(relay *core.Relay) (*pgnotify.Listener, error) {
+			return pgnotify.NewListenerConfig(relayPool.Config().ConnConfig, relay, pgnotify.ListenerOptions{Logger: quiet})
+		}, relayStore, func(ctx context.Context, evs []core.Event) error {
+			return pgx.BeginFunc(ctx, producerPool, func(tx pgx.Tx) error { return producer.Enqueue(ctx, tx, evs...) })
+		})
+	})
+}
 
-	n, err := pgnotify.NewNotifier(dsn, pgnotify.NotifierOptions{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
+func relayWokenAcrossConnections(t *testing.T, n *pgnotify.Notifier, newListener func(*core.Relay) (*pgnotify.Listener, error),
+	relayStore core.Store, enqueue func(ctx context.Context, evs []core.Event) error) {
+	t.Helper()
+	ctx := t.Context()
 	run(t, n.Run)
-	producer, err := sqlxoutbox.New(db, sqlxoutbox.Options{Notifier: n, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	relayStore, err := sqlxoutbox.New(db, sqlxoutbox.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	published := make(chan core.Event, 10)
 	pub := core.PublisherFunc(func(_ context.Context, evs []core.Event) error {
 		for _, ev := range evs {
@@ -343,30 +421,25 @@ func TestRelayWokenAcrossConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := pgnotify.NewListener(dsn, relay, pgnotify.ListenerOptions{Logger: quiet})
+	l, err := newListener(relay)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, l.Run)
 	<-l.Ready()
 	run(t, relay.Run)
-	// After each publish the relay waits for its hour-long poll, so every
-	// event after the first can only be published because a notification
-	// woke the relay.
+	// After each publish the relay looks again for a quarter of a second
+	// (its wake grace) and then waits for its hour-long poll; each event is
+	// enqueued after that, so it can only be published because a
+	// notification woke the relay.
 	for i := range 3 {
 		ev, err := core.NewEvent("order", "o-1", "order.created", map[string]int{"n": i})
 		if err != nil {
 			t.Fatal(err)
 		}
-		tx, err := db.BeginTxx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
 		evs := []core.Event{ev}
-		if err := producer.Enqueue(ctx, tx, evs...); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(); err != nil {
+		time.Sleep(time.Second)
+		if err := enqueue(ctx, evs); err != nil {
 			t.Fatal(err)
 		}
 		select {
