@@ -50,6 +50,9 @@ func TestMatrix(t *testing.T) {
 		}},
 		{"GORMPostgres", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, true), dialect.Postgres) }},
 		{"GORMSQLite", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORM(t, false), dialect.SQLite) }},
+		{"PGX", func(t *testing.T) *outboxtest.StoreFixture {
+			return fixtures.PGXPostgres(t, fixtures.Options{SkipInbox: true})
+		}},
 	}
 	brokers := []struct {
 		name string
@@ -68,6 +71,7 @@ func TestMatrix(t *testing.T) {
 		}},
 		{"SQLSQLite", func(t *testing.T) *outboxtest.InboxFixture { return sqlInbox(t, openSQLite(t), dialect.SQLite) }},
 		{"GORMPostgres", func(t *testing.T) *outboxtest.InboxFixture { return gormInbox(t, openGORM(t, true)) }},
+		{"PGX", func(t *testing.T) *outboxtest.InboxFixture { return fixtures.PGXInbox(t) }},
 	}
 	for _, s := range stores {
 		for _, b := range brokers {
