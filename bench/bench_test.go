@@ -47,6 +47,7 @@ func TestQuickRun(t *testing.T) {
 		"| d  producer tx/s with a relay draining beside, in-process",
 		"| d  producer tx/s with a relay draining beside, debounced NOTIFY", "| d' producer tx/s with pg_notify",
 		"| e  claim latency p50", "| e  claim latency p99",
+		"| f  producer tx/s, Enqueue in a pgx.Tx", "| f' producer tx/s, ExecWithEvents in a pgx.Tx", "| f  relay drain on the pgxpool store",
 	}
 	var got []string
 	for _, l := range lines[2:] {

@@ -68,25 +68,44 @@ func (b *bench) drain(ctx context.Context) (drainResult, error) {
 		return res, err
 	}
 	defer conn.Close(context.Background())
-	sides := []struct {
-		name   string
-		batch  func() (int, error)
-		events int
-		spent  time.Duration
-	}{
+	sides := []drainSide{
 		{name: "raw", batch: func() (int, error) { return rawDrain(ctx, conn, rawClaimAsync, 1) }},
 		{name: "relay", batch: relay},
 		{name: "relay_sync", batch: relaySync},
 		{name: "raw_sync", batch: func() (int, error) { return rawDrain(ctx, conn, rawClaim, 1) }},
 		{name: "textbook", batch: func() (int, error) { return textbookDrain(ctx, conn) }},
 	}
+	if err := b.takeTurns(ctx, "drain", drainTable, sides); err != nil {
+		return res, err
+	}
+	res.raw, res.relay, res.relaySync, res.rawSync, res.textbook = sides[0].rate(), sides[1].rate(), sides[2].rate(), sides[3].rate(), sides[4].rate()
+	return res, nil
+}
+
+// drainSide is one way of draining a backlog, a batch per call.
+type drainSide struct {
+	name   string
+	batch  func() (int, error) // one batch; the events it drained
+	events int
+	spent  time.Duration
+}
+
+// rate is the side's events per second of its own time.
+func (s *drainSide) rate() float64 { return float64(s.events) / s.spent.Seconds() }
+
+// takeTurns fills table with Backlog events and has the sides drain it
+// batch by batch, taking turns, once per round.
+func (b *bench) takeTurns(ctx context.Context, what, table string, sides []drainSide) error {
 	for round := range b.c.Rounds {
-		if err := b.fill(ctx, drainTable, b.c.Backlog); err != nil {
-			return res, err
+		if err := b.fill(ctx, table, b.c.Backlog); err != nil {
+			return err
 		}
 		total := 0
 	turns:
 		for turn := 0; ; turn++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			// Rotate who goes first, so that no side always follows the
 			// same one.
 			for k := range sides {
@@ -94,7 +113,7 @@ func (b *bench) drain(ctx context.Context) (drainResult, error) {
 				t0 := time.Now()
 				n, err := s.batch()
 				if err != nil {
-					return res, fmt.Errorf("%s batch: %w", s.name, err)
+					return fmt.Errorf("%s batch: %w", s.name, err)
 				}
 				if n == 0 {
 					break turns
@@ -105,17 +124,15 @@ func (b *bench) drain(ctx context.Context) (drainResult, error) {
 			}
 		}
 		if total != b.c.Backlog {
-			return res, fmt.Errorf("round %d drained %d of %d events", round, total, b.c.Backlog)
+			return fmt.Errorf("round %d drained %d of %d events", round, total, b.c.Backlog)
 		}
 		args := []any{"round", round}
 		for _, s := range sides {
 			args = append(args, s.name, s.events)
 		}
-		b.log.Info("drain", args...)
+		b.log.Info(what, args...)
 	}
-	rate := func(i int) float64 { return float64(sides[i].events) / sides[i].spent.Seconds() }
-	res.raw, res.relay, res.relaySync, res.rawSync, res.textbook = rate(0), rate(1), rate(2), rate(3), rate(4)
-	return res, nil
+	return nil
 }
 
 // drainRelay returns one relay batch on an Outbox over db: claim, publish
@@ -125,7 +142,12 @@ func (b *bench) drainRelay(ctx context.Context, db *sql.DB, opts sqlxoutbox.Opti
 	if err != nil {
 		return nil, err
 	}
-	relay, err := core.NewRelay(box, &memPublisher{}, core.RelayOptions{BatchSize: 100, Logger: b.quiet})
+	return b.relayBatch(ctx, box)
+}
+
+// relayBatch returns one relay batch on store.
+func (b *bench) relayBatch(ctx context.Context, store core.Store) (func() (int, error), error) {
+	relay, err := core.NewRelay(store, &memPublisher{}, core.RelayOptions{BatchSize: 100, Logger: b.quiet})
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,9 @@
 //	   a relay draining beside the producers against without
 //	e  claim latency with millions of published rows retained against an
 //	   empty table
+//	f  the pgx adapter against the sqlx adapter: producer tx/s with Enqueue
+//	   and ExecWithEvents in a pgx.Tx against a *sql.Tx, and relay drain on
+//	   the pgxpool store against the sqlx store
 //
 // With -v the command logs its progress to stderr; BENCH_DEBUG=1 also logs
 // every event of scenario c slower than a quarter of the poll interval.
@@ -96,7 +99,7 @@ func main() {
 	quick := flag.Bool("quick", false, "smaller sizes (about a minute)")
 	dsn := flag.String("dsn", os.Getenv("TXOUTBOX_PG_DSN"), "PostgreSQL DSN allowed to CREATE DATABASE (default $TXOUTBOX_PG_DSN)")
 	keep := flag.Bool("keep", false, "keep the benchmark database")
-	only := flag.String("only", "", "run only these scenarios, e.g. ac (default all of abcde)")
+	only := flag.String("only", "", "run only these scenarios, e.g. ac (default all of abcdef)")
 	rounds := flag.Int("rounds", 0, "repetitions of each throughput measurement (default 2, 1 with -quick)")
 	backlog := flag.Int("backlog", 0, "a: backlog size (default 200000)")
 	retained := flag.Int("retained", 0, "e: published rows retained (default 5000000)")
@@ -195,6 +198,13 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (err er
 		r, err := b.bloat(ctx)
 		if err != nil {
 			return fmt.Errorf("scenario e: %w", err)
+		}
+		rows = append(rows, r...)
+	}
+	if want("f") {
+		r, err := b.pgxScenario(ctx)
+		if err != nil {
+			return fmt.Errorf("scenario f: %w", err)
 		}
 		rows = append(rows, r...)
 	}

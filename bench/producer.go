@@ -54,35 +54,11 @@ func (b *bench) producers(ctx context.Context) ([]row, error) {
 	if _, err := b.db.ExecContext(ctx, "VACUUM ANALYZE "+tables); err != nil {
 		return nil, err
 	}
-	slice := min(time.Second, b.c.ProducerFor)
-	turns := max(int(b.c.ProducerFor/slice), 1)
-	type total struct {
-		n  int64
-		el time.Duration
-	}
-	totals := map[string]*total{}
-	for _, v := range variants {
-		totals[v] = &total{}
-	}
-	for round := range b.c.Rounds {
-		for k := range turns {
-			for j := range variants {
-				v := variants[(k+j+round)%len(variants)]
-				n, el, err := b.producerRun(ctx, v, slice)
-				if err != nil {
-					return nil, fmt.Errorf("%s: %w", v, err)
-				}
-				totals[v].n += n
-				totals[v].el += el
-			}
-		}
-		for _, v := range variants {
-			b.log.Info("producers", "round", round, "variant", v, "tx_per_s_so_far", int(float64(totals[v].n)/totals[v].el.Seconds()))
-		}
-	}
-	rate := map[string]float64{}
-	for v, t := range totals {
-		rate[v] = float64(t.n) / t.el.Seconds()
+	rate, err := b.rotate(ctx, "producers", variants, func(v string, d time.Duration) (int64, time.Duration, error) {
+		return b.producerRun(ctx, v, d)
+	})
+	if err != nil {
+		return nil, err
 	}
 	clients := fmt.Sprintf("%d clients", b.c.Producers)
 	return []row{
@@ -97,6 +73,78 @@ func (b *bench) producers(ctx context.Context) ([]row, error) {
 		{name: "d' producer tx/s with pg_notify inside every transaction vs without (why we debounce)", value: rate[prodNotifyPerTx], baseline: rate[prodOutbox],
 			unit: " tx/s", target: "—"},
 	}, nil
+}
+
+// rotate runs the variants in turns of a second, in a rotating order, until
+// each has run ProducerFor per round, and returns each one's transactions
+// per second over its own time.
+func (b *bench) rotate(ctx context.Context, what string, variants []string, run func(v string, d time.Duration) (int64, time.Duration, error)) (map[string]float64, error) {
+	slice := min(time.Second, b.c.ProducerFor)
+	turns := max(int(b.c.ProducerFor/slice), 1)
+	type total struct {
+		n  int64
+		el time.Duration
+	}
+	totals := map[string]*total{}
+	for _, v := range variants {
+		totals[v] = &total{}
+	}
+	for round := range b.c.Rounds {
+		for k := range turns {
+			for j := range variants {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				v := variants[(k+j+round)%len(variants)]
+				n, el, err := run(v, slice)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", v, err)
+				}
+				totals[v].n += n
+				totals[v].el += el
+			}
+		}
+		for _, v := range variants {
+			b.log.Info(what, "round", round, "variant", v, "tx_per_s_so_far", int(float64(totals[v].n)/totals[v].el.Seconds()))
+		}
+	}
+	rate := map[string]float64{}
+	for v, t := range totals {
+		rate[v] = float64(t.n) / t.el.Seconds()
+	}
+	return rate, nil
+}
+
+// produce runs tx on Producers goroutines for about d, the i-th call of
+// each with i = goroutine, goroutine + Producers, ..., and returns the
+// transactions committed and the time they took.
+func (b *bench) produce(ctx context.Context, d time.Duration, tx func(ctx context.Context, i int) error) (int64, time.Duration, error) {
+	var count atomic.Int64
+	errs := make(chan error, b.c.Producers)
+	var wg sync.WaitGroup
+	stopAt := time.Now().Add(d)
+	start := time.Now()
+	for w := range b.c.Producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; time.Now().Before(stopAt); i += b.c.Producers {
+				if err := tx(ctx, i); err != nil {
+					errs <- err
+					return
+				}
+				count.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	select {
+	case err := <-errs:
+		return 0, 0, err
+	default:
+	}
+	return count.Load(), el, nil
 }
 
 // producerRun runs one slice of a variant for about d and returns the
@@ -153,35 +201,14 @@ func (b *bench) producerRun(ctx context.Context, variant string, d time.Duration
 		goRun(relay.Run)
 	}
 
-	var count atomic.Int64
-	errs := make(chan error, b.c.Producers)
-	var wg sync.WaitGroup
-	stopAt := time.Now().Add(d)
-	start := time.Now()
-	for w := range b.c.Producers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; time.Now().Before(stopAt); i += b.c.Producers {
-				if err := b.produceOrder(ctx, box, variant, i); err != nil {
-					errs <- err
-					return
-				}
-				count.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	el := time.Since(start)
-	select {
-	case err := <-errs:
+	n, el, err := b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, box, variant, i) })
+	if err != nil {
 		return 0, 0, err
-	default:
 	}
 	if relay != nil {
-		b.log.Debug("relay beside producers", append([]any{"variant", variant, "published", pub.n.Load(), "committed", count.Load()}, timed.summary()...)...)
+		b.log.Debug("relay beside producers", append([]any{"variant", variant, "published", pub.n.Load(), "committed", n}, timed.summary()...)...)
 	}
-	return count.Load(), el, nil
+	return n, el, nil
 }
 
 // produceOrder is the producer's business transaction: an order row and,
