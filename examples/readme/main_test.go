@@ -70,8 +70,10 @@ var snippetRE = regexp.MustCompile("(?s)<!-- snippet: ([a-z-]+) -->\n```go\n(.*?
 func TestREADMEShowsThisCode(t *testing.T) {
 	t.Parallel()
 	code := snippets(t, "main.go")
-	for name, text := range snippets(t, "conformance_test.go") {
-		code[name] = text
+	for _, file := range []string{"conformance_test.go", "../pgx-orders/main.go"} {
+		for name, text := range snippets(t, file) {
+			code[name] = text
+		}
 	}
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -83,16 +85,16 @@ func TestREADMEShowsThisCode(t *testing.T) {
 		shown[name] = true
 		want, ok := code[name]
 		if !ok {
-			t.Errorf("README snippet %q has no region in examples/readme/main.go", name)
+			t.Errorf("README snippet %q has no region in examples/readme or examples/pgx-orders", name)
 			continue
 		}
 		if block != want {
-			t.Errorf("README snippet %q differs from examples/readme/main.go:\n--- README\n%s\n--- code\n%s", name, block, want)
+			t.Errorf("README snippet %q differs from its region in the examples:\n--- README\n%s\n--- code\n%s", name, block, want)
 		}
 	}
 	for name := range code {
 		if !shown[name] {
-			t.Errorf("region %q of examples/readme/main.go is not in the README", name)
+			t.Errorf("region %q of the examples is not in the README", name)
 		}
 	}
 }
