@@ -6,7 +6,8 @@
 #   scripts/services.sh start   # install if missing, start, write .services/env
 #   scripts/services.sh stop    # stop everything started here
 #
-# Services: PostgreSQL 15 (throwaway cluster, durable: the benchmarks run on it), RabbitMQ (Debian's
+# Services: PostgreSQL 15 (throwaway cluster, durable: the benchmarks run on it), MariaDB
+# 10.11 (Debian's mariadb-server, a throwaway datadir, durable too), RabbitMQ (Debian's
 # rabbitmq-server, its own node name and ports), and the goaws SNS/SQS
 # emulator (built from its Go module).
 set -euo pipefail
@@ -20,6 +21,7 @@ PG_PORT=${TXOUTBOX_PG_PORT:-24432}
 AMQP_PORT=${TXOUTBOX_AMQP_PORT:-24672}
 AMQP_DIST_PORT=${TXOUTBOX_AMQP_DIST_PORT:-24673}
 SNS_PORT=${TXOUTBOX_SNS_PORT:-24100}
+MARIADB_PORT=${TXOUTBOX_MARIADB_PORT:-24306}
 case "${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}" in
 *@*)
 	echo "services: TXOUTBOX_RABBITMQ_NODENAME=$TXOUTBOX_RABBITMQ_NODENAME: give the name without @host (@localhost is added)" >&2
@@ -92,6 +94,69 @@ max_replication_slots = 4
 CONF
 	su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $dir/data -l $dir/log -w -t 60 start" >&2
 	log "postgres up on 127.0.0.1:$PG_PORT"
+}
+
+start_mariadb() {
+	need_pkg /usr/sbin/mariadbd mariadb-server
+	local dir="$SVC/mariadb"
+	local sock="$dir/mariadbd.sock"
+	if [ -f "$dir/mariadbd.pid" ] && kill -0 "$(cat "$dir/mariadbd.pid")" 2>/dev/null; then
+		log "mariadb already running on $MARIADB_PORT"
+		return
+	fi
+	port_free "$MARIADB_PORT" mariadb MARIADB
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	# Durable, as PostgreSQL above: every commit waits for its redo log
+	# flush (innodb_flush_log_at_trx_commit = 1, the default), so that the
+	# benchmark's producer figures mean what they would in production.
+	cat >"$dir/my.cnf" <<CONF
+[mariadbd]
+user = root
+datadir = $dir/data
+socket = $sock
+pid-file = $dir/mariadbd.pid
+port = $MARIADB_PORT
+bind-address = 127.0.0.1
+skip-name-resolve
+max_connections = 600
+innodb_buffer_pool_size = 256M
+innodb_flush_log_at_trx_commit = 1
+log-error = $dir/error.log
+CONF
+	mariadb-install-db --defaults-file="$dir/my.cnf" --auth-root-authentication-method=socket >"$SVC/mariadb-install.log" 2>&1
+	(exec nohup /usr/sbin/mariadbd --defaults-file="$dir/my.cnf" >"$dir/stdout.log" 2>&1 </dev/null) &
+	local i
+	for i in $(seq 1 120); do
+		if mariadb --socket="$sock" -uroot -e 'SELECT 1' >/dev/null 2>&1; then
+			break
+		fi
+		if ! kill -0 $! 2>/dev/null; then
+			log "mariadb died at start; its error log says:"
+			tail -n 20 "$dir/error.log" >&2
+			return 1
+		fi
+		sleep 0.5
+	done
+	# Tests connect over TCP as a user that may create and drop their
+	# throwaway databases.
+	mariadb --socket="$sock" -uroot -e "CREATE USER IF NOT EXISTS 'txoutbox'@'127.0.0.1' IDENTIFIED BY 'txoutbox';
+GRANT ALL PRIVILEGES ON *.* TO 'txoutbox'@'127.0.0.1' WITH GRANT OPTION;" >&2
+	log "mariadb $(mariadb --socket="$sock" -uroot -N -e 'SELECT VERSION()') up on 127.0.0.1:$MARIADB_PORT"
+}
+
+stop_mariadb() {
+	local pidf="$SVC/mariadb/mariadbd.pid"
+	if [ -f "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then
+		local pid
+		pid=$(cat "$pidf")
+		kill "$pid" 2>/dev/null || true
+		local i
+		for i in $(seq 1 60); do
+			kill -0 "$pid" 2>/dev/null || return 0
+			sleep 0.5
+		done
+	fi
 }
 
 start_rabbitmq() {
@@ -210,6 +275,7 @@ stop_goaws() {
 write_env() {
 	cat >"$SVC/env" <<ENV
 export TXOUTBOX_PG_DSN='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
+export TXOUTBOX_MYSQL_DSN='txoutbox:txoutbox@tcp(127.0.0.1:$MARIADB_PORT)/'
 export TXOUTBOX_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
 export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBIT_NODE'
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'
@@ -224,12 +290,14 @@ stop_all() {
 	fi
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBIT_NODE" stop >&2 2>/dev/null || true
 	stop_goaws
+	stop_mariadb
 }
 
 case "${1:-start}" in
 start)
 	mkdir -p "$SVC"
 	start_postgres
+	start_mariadb
 	start_rabbitmq
 	start_goaws
 	write_env
