@@ -1,5 +1,6 @@
 // Package dialect builds the SQL that txoutbox's SQL stores run, one Dialect
-// value per database: Postgres and SQLite today, MySQL/MariaDB later.
+// value per database: Postgres, MySQL (MySQL 8.0 and MariaDB 10.6 or later)
+// and SQLite.
 //
 // A Dialect knows only SQL text, argument encoding and the schema; it holds
 // no connection. Every SQL adapter (database/sql and sqlx in adapters/sqlx,
@@ -13,8 +14,8 @@
 //
 // The only text ever interpolated into SQL is a table name, and only after
 // ValidateIdentifier accepted it: every other value is a bind argument.
-// Names are double-quoted in SQL, so reserved words work and names are
-// case-sensitive as written.
+// Names are quoted in SQL (double quotes, backticks on MySQL), so reserved
+// words work and names are case-sensitive as written.
 //
 // # Schema
 //
@@ -33,6 +34,19 @@
 // (primary key (consumer, event_id)). Looking an event up by ID therefore
 // scans; add an index yourself if your operators do it often.
 //
+// On MySQL and MariaDB, timestamps are DATETIME(6) in UTC, always produced
+// by UTC_TIMESTAMP(6) in SQL or TimeArg in Go, whatever the session's time
+// zone; JSON columns are LONGTEXT (txoutbox validates the JSON before it
+// writes). InnoDB has no partial indexes: the claim's index is (published_at,
+// dead_at, next_attempt_at, id), whose leading NULLs hold exactly the
+// pending rows, so the claim seeks past every published row kept for
+// retention (see docs/mysql.md for the measurement). Lists of Seqs travel as
+// one JSON argument joined through JSON_TABLE. There is no UPDATE ...
+// RETURNING and no data-modifying WITH: a claim locks its rows with SELECT
+// ... FOR UPDATE SKIP LOCKED under READ COMMITTED (no gap locks, so
+// producers never wait behind a claim) and marks them when the batch is
+// done; Enqueue reads the assigned Seqs back with a second statement.
+//
 // On SQLite, timestamps are TEXT in one fixed UTC format with milliseconds
 // ("2006-01-02T15:04:05.000Z"), always produced by
 // strftime('%Y-%m-%dT%H:%M:%fZ', ...) in SQL or TimeArg in Go, so comparing
@@ -41,6 +55,7 @@
 package dialect
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"regexp"
@@ -93,10 +108,11 @@ type kind int
 const (
 	kindPostgres kind = iota + 1
 	kindSQLite
+	kindMySQL
 )
 
 // Dialect is one database's flavour of SQL. It is a small comparable value;
-// use Postgres or SQLite, optionally with WithPlaceholders.
+// use Postgres, MySQL or SQLite, optionally with WithPlaceholders.
 type Dialect struct {
 	kind kind
 	ph   Placeholder
@@ -109,25 +125,35 @@ var (
 	// SQLite is SQLite 3.35 or later (RETURNING, UPDATE ... FROM) with ?
 	// placeholders.
 	SQLite = Dialect{kind: kindSQLite, ph: Question}
+	// MySQL is MySQL 8.0.13 or later and MariaDB 10.6 or later (SKIP
+	// LOCKED, JSON_TABLE, expression defaults) with ? placeholders, on
+	// InnoDB. Its SQL keeps to what both document; the tests run it on
+	// MariaDB.
+	MySQL = Dialect{kind: kindMySQL, ph: Question}
 )
 
 // ByName returns the dialect for a dialect or database/sql driver name:
-// "postgres", "postgresql", "pgx", "pq" and "sqlite", "sqlite3".
+// "postgres", "postgresql", "pgx", "pq"; "mysql", "mariadb"; and "sqlite",
+// "sqlite3".
 func ByName(name string) (Dialect, error) {
 	switch strings.ToLower(name) {
 	case "postgres", "postgresql", "pgx", "pgx/v5", "pq", "cloudsqlpostgres":
 		return Postgres, nil
+	case "mysql", "mariadb":
+		return MySQL, nil
 	case "sqlite", "sqlite3":
 		return SQLite, nil
 	}
 	return Dialect{}, fmt.Errorf("%w %q", ErrUnknownDialect, name)
 }
 
-// Name returns "postgres" or "sqlite", or "" for the zero Dialect.
+// Name returns "postgres", "mysql" or "sqlite", or "" for the zero Dialect.
 func (d Dialect) Name() string {
 	switch d.kind {
 	case kindPostgres:
 		return "postgres"
+	case kindMySQL:
+		return "mysql"
 	case kindSQLite:
 		return "sqlite"
 	}
@@ -140,6 +166,28 @@ func (d Dialect) String() string { return d.Name() }
 // DataModifyingWith reports whether the dialect runs INSERTs inside a WITH
 // clause of another statement (PostgreSQL), which Queries.InsertWith needs.
 func (d Dialect) DataModifyingWith() bool { return d.kind == kindPostgres }
+
+// ClaimMarks reports whether a claim marks its rows published in the
+// statement that claims them (Queries.ClaimMarked, PostgreSQL), so that its
+// outcome only undoes the failures; elsewhere the outcome marks them.
+func (d Dialect) ClaimMarks() bool { return d.kind == kindPostgres }
+
+// ReturnsInserted reports whether Queries.Insert returns the rows it wrote
+// (INSERT ... RETURNING); where it does not (MySQL), read them back with
+// Queries.InsertedRows.
+func (d Dialect) ReturnsInserted() bool { return d.kind != kindMySQL }
+
+// ClaimTxOptions returns the isolation a claim's transaction needs, nil for
+// the driver's default. On MySQL it is READ COMMITTED: under InnoDB's
+// default REPEATABLE READ the claim's locking read would also lock the gap
+// after the last due row, where every producer's new row goes, and
+// producers would wait for each batch to be published.
+func (d Dialect) ClaimTxOptions() *sql.TxOptions {
+	if d.kind == kindMySQL {
+		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	return nil
+}
 
 // IsZero reports whether d is the zero Dialect, i.e. none was chosen.
 func (d Dialect) IsZero() bool { return d.kind == 0 }
@@ -174,7 +222,7 @@ func (d Dialect) MaxConcurrency() int {
 
 func (d Dialect) check() error {
 	if d.kind == 0 {
-		return fmt.Errorf("%w: zero Dialect (use dialect.Postgres or dialect.SQLite)", ErrUnknownDialect)
+		return fmt.Errorf("%w: zero Dialect (use dialect.Postgres, dialect.MySQL or dialect.SQLite)", ErrUnknownDialect)
 	}
 	return nil
 }
@@ -216,7 +264,16 @@ func (id Identifier) String() string {
 // quote quotes one validated name part. Quoting keeps reserved words such as
 // "order" usable; names are therefore case-sensitive as written. The
 // validation above leaves no character that would need escaping.
-func (d Dialect) quote(part string) string { return `"` + part + `"` }
+func (d Dialect) quote(part string) string {
+	if d.kind == kindMySQL {
+		return "`" + part + "`"
+	}
+	return `"` + part + `"`
+}
+
+// Quote returns id quoted for d's SQL (schema-qualified when it has a
+// schema), for statements of your own next to txoutbox's.
+func (d Dialect) Quote(id Identifier) string { return d.qualified(id) }
 
 // qualified returns the quoted, schema-qualified table name.
 func (d Dialect) qualified(id Identifier) string {
@@ -227,8 +284,9 @@ func (d Dialect) qualified(id Identifier) string {
 }
 
 // indexName derives an index name from a table name that fits the 63-byte
-// identifier limit even for the longest table names, so that PostgreSQL
-// never truncates two index names of one table to the same string.
+// identifier limit (64 on MySQL) even for the longest table names, so that
+// PostgreSQL never truncates two index names of one table to the same
+// string.
 func indexName(table, suffix string) string {
 	if max := 63 - len(suffix) - 1; len(table) > max {
 		table = table[:max]
@@ -272,20 +330,43 @@ const sqliteNow = `strftime('%Y-%m-%dT%H:%M:%fZ','now')`
 // now is the SQL expression for the database's current time. PostgreSQL's
 // statement_timestamp() is the start of the statement, not of the
 // transaction (now()), which matters for statements that run in a claim's
-// transaction after a long publish.
+// transaction after a long publish. MySQL's UTC_TIMESTAMP(6) is the
+// statement's start too, in UTC whatever the session's time zone.
 func (d Dialect) now() string {
-	if d.kind == kindSQLite {
+	switch d.kind {
+	case kindSQLite:
 		return sqliteNow
+	case kindMySQL:
+		return mysqlNow
 	}
 	return "statement_timestamp()"
 }
 
+// mysqlNow is the current time on MySQL, in UTC with microseconds.
+const mysqlNow = "UTC_TIMESTAMP(6)"
+
+// mysqlTimeFormat is how a time travels to a MySQL DATETIME(6) column: UTC
+// text, so that the driver's loc setting cannot shift it.
+const mysqlTimeFormat = "2006-01-02 15:04:05.999999"
+
 // TimeArg returns t as the bind argument the dialect compares timestamps
-// with: a time.Time on PostgreSQL, sqliteTimeFormat text on SQLite (which
-// truncates to milliseconds).
+// with: a time.Time on PostgreSQL, UTC text on MySQL (microseconds) and
+// SQLite (sqliteTimeFormat, which truncates to milliseconds).
 func (d Dialect) TimeArg(t time.Time) any {
-	if d.kind == kindSQLite {
+	switch d.kind {
+	case kindSQLite:
 		return t.UTC().Format(sqliteTimeFormat)
+	case kindMySQL:
+		return t.UTC().Format(mysqlTimeFormat)
 	}
 	return t
+}
+
+// later is the SQL of the database's now plus a bind parameter of
+// microseconds.
+func (d Dialect) later() string {
+	if d.kind == kindMySQL {
+		return mysqlNow + " + INTERVAL ? MICROSECOND"
+	}
+	return d.now() + " + CAST(? AS bigint) * interval '1 microsecond'"
 }

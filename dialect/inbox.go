@@ -1,6 +1,11 @@
 package dialect
 
-import "time"
+import (
+	"fmt"
+	"time"
+
+	"github.com/txoutbox/txoutbox/core"
+)
 
 // InboxQueries is the SQL of the consumer-side inbox table (processed_events:
 // consumer, event_id, processed_at; primary key (consumer, event_id)).
@@ -26,14 +31,41 @@ func (d Dialect) InboxQueries(table string) (*InboxQueries, error) {
 		return nil, err
 	}
 	t := d.qualified(id)
-	return &InboxQueries{
+	q := &InboxQueries{
 		d:      d,
 		id:     id,
 		insert: d.rebind("INSERT INTO " + t + " (consumer, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING"),
 		del: d.rebind("DELETE FROM " + t + " WHERE (consumer, event_id) IN (SELECT consumer, event_id FROM " + t +
 			" WHERE processed_at < ? ORDER BY processed_at LIMIT ?)"),
 		exists: d.rebind("SELECT 1 FROM " + t + " WHERE consumer = ? AND event_id = ?"),
-	}, nil
+	}
+	if d.kind == kindMySQL {
+		// INSERT IGNORE affects no row for a duplicate key. It would also
+		// turn a too-long value into a truncated one with a warning: the
+		// inbox refuses values over MaxInboxKeyBytes before it runs.
+		q.insert = "INSERT IGNORE INTO " + t + " (consumer, event_id) VALUES (?, ?)"
+		q.del = "DELETE FROM " + t + " WHERE processed_at < ? ORDER BY processed_at LIMIT ?"
+	}
+	return q, nil
+}
+
+// MaxInboxKeyBytes bounds the consumer name and the event ID an inbox
+// records (VARCHAR(255) on MySQL, where a longer value would be truncated;
+// the same bound everywhere, so that a consumer behaves alike on every
+// database). Event IDs are UUIDs, 36 bytes.
+const MaxInboxKeyBytes = 255
+
+// CheckInboxKey refuses a consumer name or event ID longer than
+// MaxInboxKeyBytes, with an error wrapping core.ErrInvalidOptions (for the
+// consumer) or core.ErrInvalidEvent (for the event ID).
+func CheckInboxKey(consumer, eventID string) error {
+	if len(consumer) > MaxInboxKeyBytes {
+		return fmt.Errorf("%w: consumer name of %d bytes, over %d", core.ErrInvalidOptions, len(consumer), MaxInboxKeyBytes)
+	}
+	if len(eventID) > MaxInboxKeyBytes {
+		return fmt.Errorf("%w: event_id of %d bytes, over %d", core.ErrInvalidEvent, len(eventID), MaxInboxKeyBytes)
+	}
+	return nil
 }
 
 // Table returns the validated inbox table name.

@@ -173,7 +173,9 @@ func (d Dialect) render(component string, id Identifier) ([]Migration, error) {
 // and safe to run from several processes at once: everything happens in one
 // transaction that first takes a lock (pg_advisory_xact_lock on PostgreSQL,
 // BEGIN IMMEDIATE on SQLite), so a second caller waits and then finds
-// nothing left to do. A failing migration rolls back all of them.
+// nothing left to do. A failing migration rolls back all of them. On MySQL,
+// whose DDL is not transactional, a named lock (GET_LOCK) serializes
+// migrators and each migration is recorded once it has run.
 func Migrate(ctx context.Context, db *sql.DB, d Dialect, opts MigrateOptions) error {
 	ms, err := Migrations(d, opts)
 	if err != nil {
@@ -202,6 +204,10 @@ func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration
 		return fmt.Errorf("dialect: migrate: %w", err)
 	}
 	defer conn.Close()
+
+	if d.kind == kindMySQL {
+		return d.applyMySQL(ctx, conn, mid, ms, log)
+	}
 
 	// database/sql's BeginTx cannot say BEGIN IMMEDIATE, which SQLite needs
 	// so that two migrators do not both read and then both try to write.
@@ -237,22 +243,9 @@ func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration
 		"applied_at "+ts+" NOT NULL DEFAULT "+now+", PRIMARY KEY (component, table_name, version))"); err != nil {
 		return fmt.Errorf("dialect: migrate: create %s: %w", mid, err)
 	}
-	applied := map[string]bool{}
-	rows, err := conn.QueryContext(ctx, "SELECT component, table_name, version FROM "+mt)
+	applied, err := readApplied(ctx, conn, mt, mid)
 	if err != nil {
-		return fmt.Errorf("dialect: migrate: read %s: %w", mid, err)
-	}
-	for rows.Next() {
-		var c, t string
-		var v int
-		if err := rows.Scan(&c, &t, &v); err != nil {
-			rows.Close()
-			return fmt.Errorf("dialect: migrate: read %s: %w", mid, err)
-		}
-		applied[c+"\x00"+t+"\x00"+strconv.Itoa(v)] = true
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return fmt.Errorf("dialect: migrate: read %s: %w", mid, err)
+		return err
 	}
 	record := d.rebind("INSERT INTO " + mt + " (component, table_name, version, name) VALUES (?, ?, ?, ?)")
 	var done []Migration
@@ -276,4 +269,107 @@ func (d Dialect) applyMigrations(ctx context.Context, db *sql.DB, ms []Migration
 			"table", m.Table, "version", m.Version, "name", m.Name)
 	}
 	return nil
+}
+
+// readApplied returns the versions recorded in the migrations table mt.
+func readApplied(ctx context.Context, conn *sql.Conn, mt string, mid Identifier) (map[string]bool, error) {
+	applied := map[string]bool{}
+	rows, err := conn.QueryContext(ctx, "SELECT component, table_name, version FROM "+mt)
+	if err != nil {
+		return nil, fmt.Errorf("dialect: migrate: read %s: %w", mid, err)
+	}
+	for rows.Next() {
+		var c, t string
+		var v int
+		if err := rows.Scan(&c, &t, &v); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("dialect: migrate: read %s: %w", mid, err)
+		}
+		applied[c+"\x00"+t+"\x00"+strconv.Itoa(v)] = true
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, fmt.Errorf("dialect: migrate: read %s: %w", mid, err)
+	}
+	return applied, nil
+}
+
+// mysqlMigrateLock is the GET_LOCK name that serializes Migrate across
+// processes on MySQL.
+const mysqlMigrateLock = "txoutbox_migrate"
+
+// applyMySQL is applyMigrations on MySQL, whose DDL commits as it runs, so
+// no transaction can hold the migrations: a named lock (GET_LOCK, held by
+// conn's session) serializes migrators, and each migration is recorded as
+// soon as it has run. A migration that fails half-way leaves the
+// statements before the failing one applied and is not recorded; its
+// statements are CREATE ... IF NOT EXISTS where MySQL has that form, so
+// running it again after the fix finishes it.
+func (d Dialect) applyMySQL(ctx context.Context, conn *sql.Conn, mid Identifier, ms []Migration, log *slog.Logger) error {
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 600)", mysqlMigrateLock).Scan(&got); err != nil {
+		return fmt.Errorf("dialect: migrate: lock: %w", err)
+	}
+	if got.Int64 != 1 {
+		return fmt.Errorf("dialect: migrate: another migration held the lock %q for 10 minutes", mysqlMigrateLock)
+	}
+	defer func() {
+		// A session that cannot release its lock is closed, which does.
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", mysqlMigrateLock); err != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}()
+	mt := d.qualified(mid)
+	if _, err := conn.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+mt+" ("+
+		"component VARCHAR(64) NOT NULL, table_name VARCHAR(255) NOT NULL, version INT NOT NULL, name VARCHAR(255) NOT NULL, "+
+		"applied_at DATETIME(6) NOT NULL DEFAULT ("+mysqlNow+"), PRIMARY KEY (component, table_name, version))"+
+		" ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"); err != nil {
+		return fmt.Errorf("dialect: migrate: create %s: %w", mid, err)
+	}
+	applied, err := readApplied(ctx, conn, mt, mid)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if applied[m.Component+"\x00"+m.Table+"\x00"+strconv.Itoa(m.Version)] {
+			continue
+		}
+		// The driver runs one statement per call unless the DSN allows
+		// more (multiStatements), which txoutbox does not ask of it.
+		for _, stmt := range splitStatements(m.SQL) {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("dialect: migration %s %04d_%s on %s: %w", m.Component, m.Version, m.Name, m.Table, err)
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT INTO "+mt+" (component, table_name, version, name) VALUES (?, ?, ?, ?)",
+			m.Component, m.Table, m.Version, m.Name); err != nil {
+			return fmt.Errorf("dialect: record migration %s %d: %w", m.Component, m.Version, err)
+		}
+		log.Info("txoutbox: applied migration", "dialect", d.Name(), "component", m.Component,
+			"table", m.Table, "version", m.Version, "name", m.Name)
+	}
+	return nil
+}
+
+// splitStatements splits a migration file of this package into its
+// statements: each ends with a semicolon at the end of a line, and lines
+// starting with -- are comments.
+func splitStatements(src string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(src, "\n") {
+		t := strings.TrimSpace(line)
+		if t == "" || strings.HasPrefix(t, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(t, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, s)
+	}
+	return out
 }

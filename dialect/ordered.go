@@ -34,6 +34,19 @@ const (
 const partitionExpr = "(CASE WHEN o.aggregate_id = '' THEN mod(o.id, CAST(? AS bigint))" +
 	" ELSE mod(CAST(hashtext(o.aggregate_id) AS bigint) + 2147483648, CAST(? AS bigint)) END)"
 
+// mysqlPartitionExpr is partitionExpr on MySQL: CRC32 of the aggregate ID
+// (the bytes of its utf8mb4 text), which every server computes alike.
+const mysqlPartitionExpr = "(CASE WHEN o.aggregate_id = '' THEN MOD(o.id, ?) ELSE MOD(CRC32(o.aggregate_id), ?) END)"
+
+// DefaultPartitionLockTable is, on MySQL, the table whose rows stand for
+// the partitions of each outbox table (relay_group): an ordered claim locks
+// the rows of the partitions it serves, FOR UPDATE SKIP LOCKED, for as long
+// as its transaction lasts, as PostgreSQL's pg_try_advisory_xact_lock does.
+// Row locks, unlike GET_LOCK's session locks, end with the transaction
+// however it ends. The lease table is not used for this: the leaser
+// renews its rows while claims run.
+const DefaultPartitionLockTable = "txoutbox_partition_locks"
+
 // PartitionLockKey is the first key of the transaction-level advisory locks
 // (pg_try_advisory_xact_lock(key, partition)) that keep two claims from
 // serving one partition of this table at once: an FNV-1a hash of the table
@@ -55,13 +68,40 @@ func (q *Queries) PartitionLockKey() int32 {
 // planner cannot estimate how soon the claim's LIMIT is reached, costs it
 // above jit_above_cost, and compiling would take ten times longer than the
 // claim itself (30 ms against 2 ms on a 100k backlog).
+//
+// On MySQL it locks the partitions' rows of the partition lock table
+// (DefaultPartitionLockTable), skipping those another claim holds; create
+// the rows first with CreatePartitionLocks.
 func (q *Queries) LockPartitions(partitions []int) (string, []any) {
+	if q.d.kind == kindMySQL {
+		return "SELECT `partition` FROM " + q.partitionLocks() + " WHERE relay_group = ? AND FIND_IN_SET(`partition`, ?) > 0" +
+			" ORDER BY `partition` FOR UPDATE SKIP LOCKED", []any{q.id.String(), intList(partitions)}
+	}
 	if q.d.kind != kindPostgres {
 		return "", nil
 	}
 	return q.d.rebind("SELECT p FROM unnest(CAST(CAST(? AS text) AS int[])) AS p" +
 		" CROSS JOIN (SELECT set_config('jit', 'off', true)) AS no_jit" +
 		" WHERE pg_try_advisory_xact_lock(?, p) ORDER BY p"), []any{intArray(partitions), q.PartitionLockKey()}
+}
+
+// CreatePartitionLocks returns, on MySQL, the INSERT of the rows of
+// partitions 0..n-1 of the partition lock table that do not exist yet
+// ("" elsewhere). Run it before the first LockPartitions with n partitions.
+func (q *Queries) CreatePartitionLocks(n int) (string, []any) {
+	if q.d.kind != kindMySQL {
+		return "", nil
+	}
+	return "INSERT IGNORE INTO " + q.partitionLocks() + " (relay_group, `partition`)" +
+		" SELECT ?, p FROM JSON_TABLE(?, '$[*]' COLUMNS (p INT PATH '$')) AS j", []any{q.id.String(), jsonRange(n)}
+}
+
+// partitionLocks is the quoted partition lock table of q's schema.
+func (q *Queries) partitionLocks() string {
+	if q.id.Schema != "" {
+		return q.d.quote(q.id.Schema) + "." + q.d.quote(DefaultPartitionLockTable)
+	}
+	return q.d.quote(DefaultPartitionLockTable)
 }
 
 // ClaimOrdered returns the statement of an ordered claim (see
@@ -84,7 +124,7 @@ func (q *Queries) ClaimOrdered(o core.OrderedClaim, limit int, lease time.Durati
 	due := "o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at <= " + now
 	var blocker string
 	switch q.d.kind {
-	case kindPostgres:
+	case kindPostgres, kindMySQL:
 		blocker = "e.attempt_count > 0 AND "
 		if o.DeadLetter == core.DeadLetterSkip {
 			blocker += "e.dead_at IS NULL AND e.next_attempt_at > " + now
@@ -108,17 +148,28 @@ func (q *Queries) ClaimOrdered(o core.OrderedClaim, limit int, lease time.Durati
 			" ORDER BY o.id LIMIT ?) RETURNING " + q.cols
 		return q.d.rebind(s), []any{sqliteModifier(lease), limit}
 	}
+	n := o.PartitionCount
+	if q.d.kind == kindMySQL {
+		// Locking reads lock no rows of the subquery; MariaDB has no
+		// FOR UPDATE OF.
+		s := "SELECT " + q.cols + " FROM " + q.t + " AS o WHERE " + due +
+			" AND FIND_IN_SET(" + mysqlPartitionExpr + ", ?) > 0 AND " + notBlocked +
+			" ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED"
+		return s, []any{n, n, intList(o.Partitions), limit}
+	}
 	s := "SELECT " + q.cols + " FROM " + q.t + " AS o WHERE " + due +
 		" AND " + partitionExpr + " = ANY(CAST(CAST(? AS text) AS bigint[])) AND " + notBlocked +
 		" ORDER BY o.id LIMIT ? FOR UPDATE OF o SKIP LOCKED"
-	n := o.PartitionCount
 	return q.d.rebind(s), []any{n, n, intArray(o.Partitions), limit}
 }
 
-// PartitionOf returns, on PostgreSQL, the query of the partition (one int
+// PartitionOf returns, on PostgreSQL and MySQL, the query of the partition (one int
 // column) of the event at seq for n partitions, as ClaimOrdered computes
 // it; for tools and tests.
 func (q *Queries) PartitionOf(seq int64, n int) (string, []any, error) {
+	if q.d.kind == kindMySQL {
+		return "SELECT " + mysqlPartitionExpr + " FROM " + q.t + " AS o WHERE o.id = ?", []any{n, n, seq}, nil
+	}
 	if q.d.kind != kindPostgres {
 		return "", nil, fmt.Errorf("%w: partitions on %s", core.ErrUnsupported, q.d.Name())
 	}
@@ -135,5 +186,31 @@ func intArray(xs []int) string {
 		b.WriteString(strconv.Itoa(x))
 	}
 	b.WriteByte('}')
+	return b.String()
+}
+
+// intList is xs as "1,2,3", the set FIND_IN_SET searches.
+func intList(xs []int) string {
+	var b strings.Builder
+	for i, x := range xs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(x))
+	}
+	return b.String()
+}
+
+// jsonRange is the JSON array [0, 1, ..., n-1].
+func jsonRange(n int) string {
+	var b strings.Builder
+	b.WriteByte('[')
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(i))
+	}
+	b.WriteByte(']')
 	return b.String()
 }

@@ -89,12 +89,29 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 			" (julianday('now') - julianday(MIN(CASE WHEN dead_at IS NULL THEN created_at END))) * 86400.0" +
 			" FROM " + q.t + " WHERE published_at IS NULL GROUP BY event_type"
 		q.get = "SELECT " + q.cols + " FROM " + q.t + " WHERE event_id = ? ORDER BY id LIMIT 1"
+	case kindMySQL:
+		// Run under ClaimTxOptions (READ COMMITTED): see there.
+		q.claim = "SELECT " + q.cols + " FROM " + q.t + " WHERE " + due +
+			" ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
+		q.stats = "SELECT event_type," +
+			" SUM(CASE WHEN dead_at IS NULL THEN 1 ELSE 0 END)," +
+			" SUM(CASE WHEN dead_at IS NOT NULL THEN 1 ELSE 0 END)," +
+			" MIN(CASE WHEN dead_at IS NULL THEN created_at END)," +
+			" TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN dead_at IS NULL THEN created_at END), " + now + ") / 1000000.0" +
+			" FROM " + q.t + " WHERE published_at IS NULL GROUP BY event_type"
+		q.get = "SELECT " + q.cols + " FROM " + q.t + " WHERE event_id = ? ORDER BY id LIMIT 1"
 	}
 	q.claim = d.rebind(q.claim)
 	q.stats = d.rebind(q.stats)
 	q.get = d.rebind(q.get)
-	q.del = d.rebind("DELETE FROM " + q.t + " WHERE id IN (SELECT id FROM " + q.t +
-		" WHERE published_at < ? ORDER BY published_at LIMIT ?)")
+	if d.kind == kindMySQL {
+		// MySQL takes no LIMIT in an IN subquery, nor a subquery on the
+		// table a DELETE deletes from; its DELETE has ORDER BY and LIMIT.
+		q.del = "DELETE FROM " + q.t + " WHERE published_at < ? ORDER BY published_at LIMIT ?"
+	} else {
+		q.del = d.rebind("DELETE FROM " + q.t + " WHERE id IN (SELECT id FROM " + q.t +
+			" WHERE published_at < ? ORDER BY published_at LIMIT ?)")
+	}
 	q.seq = d.rebind("SELECT " + q.cols + " FROM " + q.t + " WHERE id = ?")
 	return q, nil
 }
@@ -113,12 +130,38 @@ func (q *Queries) Table() Identifier { return q.id }
 // already Prepared) that returns "id, created_at" of every row. The rows may
 // come back in any order; ids grow in the order of events, so sort the
 // returned rows by id to pair them with events.
+//
+// On MySQL, which has no RETURNING (Dialect.ReturnsInserted), the statement
+// returns no rows: read them back in the same transaction with
+// InsertedRows.
 func (q *Queries) Insert(events []core.Event) (string, []any, error) {
 	stmt, args, err := q.insertValues(events)
 	if err != nil {
 		return "", nil, err
 	}
+	if !q.d.ReturnsInserted() {
+		return stmt, args, nil
+	}
 	return q.d.rebind(stmt + " RETURNING id, created_at"), args, nil
+}
+
+// InsertedRows returns, on MySQL, the query of "id, created_at, event_id"
+// of the rows an Insert of events wrote in this transaction, given the
+// first id it assigned (LAST_INSERT_ID, the driver's LastInsertId), in id
+// order. Rows are matched by event ID, not counted from the first id: ids
+// of one statement need not be consecutive (auto_increment_increment,
+// Galera), and other transactions' rows may lie between them.
+func (q *Queries) InsertedRows(firstID int64, events []core.Event) (string, []any, error) {
+	ids := make([]string, len(events))
+	for i := range events {
+		ids[i] = events[i].ID
+	}
+	js, err := json.Marshal(ids)
+	if err != nil {
+		return "", nil, fmt.Errorf("dialect: encode event IDs: %w", err)
+	}
+	return "SELECT o.id, o.created_at, o.event_id FROM " + q.t + " AS o JOIN JSON_TABLE(?, '$[*]' COLUMNS (event_id CHAR(36) CHARACTER SET ascii PATH '$')) AS j" +
+		" ON o.event_id = j.event_id WHERE o.id >= ? ORDER BY o.id", []any{string(js), firstID}, nil
 }
 
 // insertValues is the INSERT ... VALUES of events with ? placeholders.
@@ -256,22 +299,37 @@ func (q *Queries) MarkPublished(seqs []int64) (string, []any) {
 	if q.d.kind == kindSQLite {
 		set += ", claimed_until = NULL"
 	}
-	return q.d.rebind("UPDATE " + q.t + " SET " + set + " WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
+	return q.updateSeqs(set, seqs)
 }
 
 // ClearLastError returns the UPDATE that clears last_error of seqs: the
 // events a claim-and-mark claim published after an earlier failed attempt.
 func (q *Queries) ClearLastError(seqs []int64) (string, []any) {
-	return q.d.rebind("UPDATE " + q.t + " SET last_error = NULL WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
+	return q.updateSeqs("last_error = NULL", seqs)
 }
+
+// updateSeqs returns the UPDATE of the rows of seqs with the SET list set,
+// whose columns are unqualified. On MySQL the list is joined through
+// JSON_TABLE, which the optimizer reads first and joins on the primary
+// key; a single-table UPDATE ... WHERE id IN (subquery) may scan the table.
+func (q *Queries) updateSeqs(set string, seqs []int64) (string, []any) {
+	if q.d.kind == kindMySQL {
+		return "UPDATE " + q.t + " JOIN " + mysqlSeqTable + " AS j ON " + q.t + ".id = j.seq SET " + set, []any{q.seqArg(seqs)}
+	}
+	return q.d.rebind("UPDATE " + q.t + " SET " + set + " WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
+}
+
+// mysqlSeqTable is the table of a JSON array of Seqs (seqArg) on MySQL.
+const mysqlSeqTable = "JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$'))"
 
 // failureJSON is one failure as MarkFailed sends it to the database.
 type failureJSON struct {
 	Seq     int64  `json:"seq"`
 	Err     string `json:"err"`
-	RetryUS int64  `json:"retry_us"`      // PostgreSQL
+	RetryUS int64  `json:"retry_us"`      // PostgreSQL, MySQL
 	Mod     string `json:"mod,omitempty"` // SQLite date modifier
 	Dead    bool   `json:"dead"`
+	DeadInt int    `json:"dead_i"` // MySQL: JSON_TABLE reads no JSON boolean on MariaDB
 }
 
 // MarkFailed returns one UPDATE recording every failure: last_error, one more
@@ -295,6 +353,9 @@ func (q *Queries) markFailed(fs []core.Failure, count bool) (string, []any, erro
 		} else {
 			rows[i].RetryUS = f.RetryIn.Microseconds()
 		}
+		if f.Dead {
+			rows[i].DeadInt = 1
+		}
 	}
 	js, err := json.Marshal(rows)
 	if err != nil {
@@ -313,6 +374,15 @@ func (q *Queries) markFailed(fs []core.Failure, count bool) (string, []any, erro
 			" dead_at = CASE WHEN f.dead THEN " + now + " END" +
 			" FROM jsonb_to_recordset(CAST(? AS jsonb)) AS f(seq bigint, err text, retry_us bigint, dead boolean)" +
 			" WHERE o.id = f.seq"
+	case kindMySQL:
+		set := "o.attempt_count = o.attempt_count + 1"
+		if !count {
+			set = "o.published_at = NULL"
+		}
+		s = "UPDATE " + q.t + " AS o JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$.seq', err LONGTEXT PATH '$.err'," +
+			" retry_us BIGINT PATH '$.retry_us', dead INT PATH '$.dead_i')) AS f ON o.id = f.seq" +
+			" SET " + set + ", o.last_error = f.err, o.next_attempt_at = " + now + " + INTERVAL f.retry_us MICROSECOND," +
+			" o.dead_at = CASE WHEN f.dead = 1 THEN " + now + " END"
 	case kindSQLite:
 		s = "UPDATE " + q.t + " AS o SET attempt_count = o.attempt_count + 1, last_error = f.err," +
 			" next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ','now',f.mod)," +
@@ -533,8 +603,13 @@ func (q *Queries) Replay(f ReplayFilter) (string, []any, error) {
 // PostgreSQL it is = ANY of an array that travels as text, which any driver
 // can bind, and which the planner turns into one index scan.
 func (q *Queries) seqMatch() string {
-	if q.d.kind == kindPostgres {
+	switch q.d.kind {
+	case kindPostgres:
 		return "= ANY(CAST(CAST(? AS text) AS bigint[]))"
+	case kindMySQL:
+		// For the operators' filters, which also select dead_at IS NOT
+		// NULL by its index; hot paths join instead (updateSeqs).
+		return "IN (SELECT seq FROM " + mysqlSeqTable + " AS j)"
 	}
 	return "IN " + q.seqSet()
 }
@@ -567,8 +642,11 @@ func (q *Queries) eventIDMatch(ids []string) (string, any, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("dialect: encode event IDs: %w", err)
 	}
-	if q.d.kind == kindPostgres {
+	switch q.d.kind {
+	case kindPostgres:
 		return "event_id IN (SELECT CAST(value AS uuid) FROM jsonb_array_elements_text(CAST(? AS jsonb)))", string(js), nil
+	case kindMySQL:
+		return "event_id IN (SELECT event_id FROM JSON_TABLE(?, '$[*]' COLUMNS (event_id CHAR(36) CHARACTER SET ascii PATH '$')) AS j)", string(js), nil
 	}
 	return "event_id IN (SELECT value FROM json_each(?))", string(js), nil
 }

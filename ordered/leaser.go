@@ -103,6 +103,7 @@ type LeaserStats struct {
 // advisory locks are.
 type Leaser struct {
 	db     *sql.DB
+	d      dialect.Dialect
 	leases dialect.Identifier // the lease table, for errors
 	lq     *dialect.LeaseQueries
 	opts   LeaserOptions
@@ -151,7 +152,7 @@ func NewLeaser(db *sql.DB, d dialect.Dialect, opts LeaserOptions) (*Leaser, erro
 		return nil, err
 	}
 	leases := dialect.Identifier{Schema: q.Table().Schema, Name: dialect.DefaultLeaseTable}
-	return &Leaser{db: db, leases: leases, lq: lq, opts: opts, log: opts.Logger.With("owner", opts.Owner)}, nil
+	return &Leaser{db: db, d: d, leases: leases, lq: lq, opts: opts, log: opts.Logger.With("owner", opts.Owner)}, nil
 }
 
 func defaultOwner() string {
@@ -280,8 +281,7 @@ func (l *Leaser) Tick(ctx context.Context) error {
 	if err := l.db.QueryRowContext(ctx, query, args...).Scan(&live); err != nil {
 		return fmt.Errorf("ordered: count live relays: %w", err)
 	}
-	query, args = l.lq.Renew(l.opts.Owner, ttl)
-	held, err := l.queryPartitions(ctx, query, args)
+	held, err := l.renew(ctx, ttl)
 	if err != nil {
 		return fmt.Errorf("ordered: renew leases: %w", err)
 	}
@@ -333,26 +333,28 @@ func (l *Leaser) Tick(ctx context.Context) error {
 	return nil
 }
 
+// renew extends owner's leases and returns the partitions it holds: one
+// statement with RETURNING, or the UPDATE and then a read.
+func (l *Leaser) renew(ctx context.Context, ttl time.Duration) ([]int, error) {
+	query, args := l.lq.Renew(l.opts.Owner, ttl)
+	if l.lq.Returning() {
+		return l.queryPartitions(ctx, query, args)
+	}
+	if _, err := l.db.ExecContext(ctx, query, args...); err != nil {
+		return nil, err
+	}
+	query, args = l.lq.Held(l.opts.Owner)
+	return l.queryPartitions(ctx, query, args)
+}
+
 func (l *Leaser) acquire(ctx context.Context, k int) ([]int, error) {
-	query, args := l.lq.Acquire(l.opts.Owner, l.opts.LeaseTTL, k)
-	rows, err := l.db.QueryContext(ctx, query, args...)
+	changes, err := l.acquireRows(ctx, k)
 	if err != nil {
 		return nil, fmt.Errorf("ordered: acquire leases: %w", err)
 	}
-	defer rows.Close()
 	var got []int
-	var changes []LeaseChange
-	for rows.Next() {
-		var c LeaseChange
-		if err := rows.Scan(&c.Partition, &c.From); err != nil {
-			return nil, fmt.Errorf("ordered: acquire leases: %w", err)
-		}
-		c.Kind = Acquired
+	for _, c := range changes {
 		got = append(got, c.Partition)
-		changes = append(changes, c)
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return nil, fmt.Errorf("ordered: acquire leases: %w", err)
 	}
 	for _, c := range changes {
 		l.acquired.Add(1)
@@ -363,6 +365,55 @@ func (l *Leaser) acquire(ctx context.Context, k int) ([]int, error) {
 		l.change(c)
 	}
 	return got, nil
+}
+
+// acquireRows leases up to k free or expired partitions and returns them
+// with their previous owners: one statement with RETURNING, or a locking
+// read and an UPDATE in one transaction.
+func (l *Leaser) acquireRows(ctx context.Context, k int) ([]LeaseChange, error) {
+	scan := func(rows *sql.Rows) ([]LeaseChange, error) {
+		defer rows.Close()
+		var changes []LeaseChange
+		for rows.Next() {
+			c := LeaseChange{Kind: Acquired}
+			if err := rows.Scan(&c.Partition, &c.From); err != nil {
+				return nil, err
+			}
+			changes = append(changes, c)
+		}
+		return changes, errors.Join(rows.Err(), rows.Close())
+	}
+	if l.lq.Returning() {
+		query, args := l.lq.Acquire(l.opts.Owner, l.opts.LeaseTTL, k)
+		rows, err := l.db.QueryContext(ctx, query, args...)
+		if err != nil {
+			return nil, err
+		}
+		return scan(rows)
+	}
+	tx, err := l.db.BeginTx(ctx, l.d.ClaimTxOptions())
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	query, args := l.lq.AcquireCandidates(k)
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	changes, err := scan(rows)
+	if err != nil || len(changes) == 0 {
+		return nil, err
+	}
+	parts := make([]int, len(changes))
+	for i, c := range changes {
+		parts[i] = c.Partition
+	}
+	query, args = l.lq.AcquireMark(l.opts.Owner, l.opts.LeaseTTL, parts)
+	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+		return nil, err
+	}
+	return changes, tx.Commit()
 }
 
 func (l *Leaser) queryPartitions(ctx context.Context, query string, args []any) ([]int, error) {

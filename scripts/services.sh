@@ -275,7 +275,7 @@ stop_goaws() {
 write_env() {
 	cat >"$SVC/env" <<ENV
 export TXOUTBOX_PG_DSN='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
-export TXOUTBOX_MYSQL_DSN='txoutbox:txoutbox@tcp(127.0.0.1:$MARIADB_PORT)/'
+export TXOUTBOX_MYSQL_DSN='mysql://txoutbox:txoutbox@127.0.0.1:$MARIADB_PORT/'
 export TXOUTBOX_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
 export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBIT_NODE'
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'

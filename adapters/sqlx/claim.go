@@ -47,6 +47,15 @@ func (o *Outbox) claim(ctx context.Context, req core.ClaimRequest) (core.Claim, 
 		query, args := o.q.Claim(req.Limit, o.opts.ClaimLease)
 		return o.claims.QueryLeased(ctx, query, args, dialect.SortClaimed)
 	}
+	if !o.d.ClaimMarks() {
+		// MySQL: lock the rows now, mark them with the outcome.
+		tx, err := o.claims.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		query, args := o.q.Claim(req.Limit, 0)
+		return o.claims.QueryLocked(ctx, tx, query, args)
+	}
 	query, args := o.q.ClaimMarked(req.Limit, !o.opts.SyncMark)
 	if o.native {
 		return o.claims.QueryMarkedNative(ctx, query, args, req.Limit)
@@ -79,6 +88,9 @@ func (o *Outbox) orderedClaim(ctx context.Context, limit int, oc *core.OrderedCl
 		}
 		query, args := o.q.ClaimOrdered(*oc, limit, o.opts.ClaimLease)
 		return o.claims.QueryLeased(ctx, query, args, sortBySeq)
+	}
+	if err := o.ensurePartitionLocks(ctx, oc.PartitionCount); err != nil {
+		return nil, err
 	}
 	tx, err := o.claims.Begin(ctx)
 	if err != nil {
@@ -119,6 +131,23 @@ func (o *Outbox) lockPartitions(ctx context.Context, tx *sql.Tx, parts []int) ([
 		return nil, fmt.Errorf("sqlxoutbox: lock partitions: %w", err)
 	}
 	return locked, nil
+}
+
+// ensurePartitionLocks creates, on MySQL, the partition lock rows that
+// ordered claims of n partitions lock, once per Outbox and n.
+func (o *Outbox) ensurePartitionLocks(ctx context.Context, n int) error {
+	query, args := o.q.CreatePartitionLocks(n)
+	if query == "" {
+		return nil
+	}
+	if _, done := o.partitionLocks.Load(n); done {
+		return nil
+	}
+	if _, err := o.db.ExecContext(ctx, query, args...); err != nil {
+		return fmt.Errorf("sqlxoutbox: create partition locks: %w", err)
+	}
+	o.partitionLocks.Store(n, true)
+	return nil
 }
 
 func sortBySeq(evs []core.Event) {

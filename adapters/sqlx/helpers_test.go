@@ -35,6 +35,9 @@ var backends = []backend{
 	{name: "sqlite", d: dialect.SQLite, open: func(t testing.TB) *sqlx.DB {
 		return openSQLite(t, filepath.Join(t.TempDir(), "outbox.db"))
 	}},
+	{name: "mariadb", d: dialect.MySQL, open: func(t testing.TB) *sqlx.DB {
+		return sqlx.NewDb(testenv.OpenMySQL(t), "mysql")
+	}},
 }
 
 func openSQLite(t testing.TB, path string) *sqlx.DB {

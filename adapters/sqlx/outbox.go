@@ -59,6 +59,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -150,6 +151,9 @@ type Outbox struct {
 	claims *sqlclaim.Claimer
 	// native: claims run on pgx's connections (sqlclaim.QueryMarkedNative).
 	native bool
+	// partitionLocks holds the partition counts whose lock rows exist
+	// (MySQL: ensurePartitionLocks).
+	partitionLocks sync.Map
 }
 
 var _ core.Store = (*Outbox)(nil)
@@ -200,7 +204,8 @@ func NewDB(db *sql.DB, opts Options) (*Outbox, error) {
 	}
 	return &Outbox{
 		db: db, d: opts.Dialect, q: q, opts: opts, limits: limits, wake: wake.For(db, q.Table().String()),
-		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "sqlxoutbox", AsyncMark: !opts.SyncMark},
+		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "sqlxoutbox", AsyncMark: !opts.SyncMark,
+			TxOptions: opts.Dialect.ClaimTxOptions()},
 		native: opts.Dialect.ClaimMode() == dialect.ClaimRowLocks && sqlclaim.Native(db),
 	}, nil
 }
@@ -216,6 +221,8 @@ func detect(db *sql.DB) (dialect.Dialect, error) {
 	switch {
 	case strings.Contains(pkg, "jackc/pgx"), strings.Contains(pkg, "lib/pq"):
 		return dialect.Postgres, nil
+	case strings.Contains(pkg, "go-sql-driver/mysql"):
+		return dialect.MySQL, nil
 	case strings.Contains(pkg, "sqlite"):
 		return dialect.SQLite, nil
 	}
@@ -373,15 +380,34 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, events []core.Event) error {
 	if err != nil {
 		return err
 	}
+	if !o.d.ReturnsInserted() {
+		res, err := tx.ExecContext(ctx, query, args...)
+		if err != nil {
+			return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), dialect.CheckMigrated(err, o.q.Table()))
+		}
+		first, err := res.LastInsertId()
+		if err != nil {
+			return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), err)
+		}
+		if query, args, err = o.q.InsertedRows(first, events); err != nil {
+			return err
+		}
+	}
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), dialect.CheckMigrated(err, o.q.Table()))
 	}
 	defer rows.Close()
 	got := make([]inserted, 0, len(events))
+	dest := []any{nil, nil}
+	var eventID string
+	if !o.d.ReturnsInserted() {
+		dest = append(dest, &eventID) // InsertedRows matches rows by it
+	}
 	for rows.Next() {
 		var r inserted
-		if err := rows.Scan(&r.seq, &r.created); err != nil {
+		dest[0], dest[1] = &r.seq, &r.created
+		if err := rows.Scan(dest...); err != nil {
 			return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), err)
 		}
 		got = append(got, r)

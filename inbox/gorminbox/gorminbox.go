@@ -100,6 +100,9 @@ func (ib *Inbox) Process(ctx context.Context, consumer, eventID string, fn func(
 	if eventID == "" {
 		return false, core.ErrMissingEventID
 	}
+	if err := dialect.CheckInboxKey(consumer, eventID); err != nil {
+		return false, err
+	}
 	var fnErr error
 	var ran bool
 	start, wait := time.Now(), time.Millisecond

@@ -99,6 +99,9 @@ func (s *Inbox) Process(ctx context.Context, consumer, eventID string, fn func(c
 	if eventID == "" {
 		return false, core.ErrMissingEventID
 	}
+	if err := dialect.CheckInboxKey(consumer, eventID); err != nil {
+		return false, err
+	}
 	tx, err := s.db.BeginTx(ctx, s.opts.TxOptions)
 	if err != nil {
 		return false, fmt.Errorf("pgxinbox: begin: %w", err)

@@ -197,6 +197,9 @@ func (s *Inbox) Process(ctx context.Context, consumer, eventID string, fn func(c
 	if eventID == "" {
 		return false, core.ErrMissingEventID
 	}
+	if err := dialect.CheckInboxKey(consumer, eventID); err != nil {
+		return false, err
+	}
 	v, inserted, err := s.record(ctx, consumer, eventID)
 	if err != nil {
 		return false, err

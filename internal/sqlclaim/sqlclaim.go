@@ -34,6 +34,8 @@ type Claimer struct {
 	// AsyncMark marks published events with Q.MarkPublishedAsync, which
 	// commits the claim with synchronous_commit off on PostgreSQL.
 	AsyncMark bool
+	// TxOptions are the claim transactions' (Dialect.ClaimTxOptions).
+	TxOptions *sql.TxOptions
 }
 
 // Begin opens the transaction of a PostgreSQL claim. It survives a
@@ -41,7 +43,7 @@ type Claimer struct {
 // begins, and database/sql would roll back a transaction whose BeginTx
 // context ends.
 func (c *Claimer) Begin(ctx context.Context) (*sql.Tx, error) {
-	tx, err := c.DB.BeginTx(context.WithoutCancel(ctx), nil)
+	tx, err := c.DB.BeginTx(context.WithoutCancel(ctx), c.TxOptions)
 	if err != nil {
 		return nil, fmt.Errorf("%s: claim: begin: %w", c.Prefix, err)
 	}

@@ -66,6 +66,27 @@ func OpenPostgresDSN(t testing.TB, dsn string) *sql.DB {
 	return db
 }
 
+// MySQLDSN returns the DSN (in the form of github.com/go-sql-driver/mysql)
+// of a new, empty MariaDB database made for this test and dropped when it
+// ends.
+func MySQLDSN(t testing.TB) string {
+	t.Helper()
+	return sqlfixture.CreateMySQLDatabase(t, Env(t, "TXOUTBOX_MYSQL_DSN"))
+}
+
+// OpenMySQL opens a fresh MariaDB database (see MySQLDSN), its pool capped
+// at MaxOpenConns, and closes it when the test ends.
+func OpenMySQL(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", MySQLDSN(t))
+	if err != nil {
+		t.Fatalf("open mysql: %v", err)
+	}
+	db.SetMaxOpenConns(MaxOpenConns)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
 // OpenPgxPool opens a pgx pool on dsn (a database of PostgresDSN), capped
 // at MaxOpenConns connections like OpenPostgres, and closes it when the
 // test ends.

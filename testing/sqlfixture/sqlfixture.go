@@ -12,9 +12,10 @@
 //		})
 //	}
 //
-// Open takes a PostgreSQL URL (postgres://, on which it creates a database
-// per fixture and drops it when the test ends) or "sqlite:" (a file in the
-// test's temporary directory).
+// Open takes a PostgreSQL URL (postgres://) or a MySQL/MariaDB URL
+// (mysql://), on whose server it creates a database per fixture and drops
+// it when the test ends, or "sqlite:" (a file in the test's temporary
+// directory).
 package sqlfixture
 
 import (
@@ -27,16 +28,19 @@ import (
 	"log/slog"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	_ "modernc.org/sqlite"             // the "sqlite" database/sql driver
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -93,8 +97,9 @@ type DB struct {
 }
 
 // Open makes a fresh database for the test from dsn: a PostgreSQL URL
-// (postgres:// or postgresql://, a role that may CREATE DATABASE) or
-// "sqlite:" (a file in t.TempDir()); it migrates it and closes and drops it
+// (postgres:// or postgresql://, a role that may CREATE DATABASE), a MySQL
+// or MariaDB URL (mysql://, a user that may CREATE DATABASE) or "sqlite:"
+// (a file in t.TempDir()); it migrates it and closes and drops it
 // when the test ends. It fails the test on any error.
 func Open(t testing.TB, dsn string, opts Options) *DB {
 	t.Helper()
@@ -107,6 +112,14 @@ func Open(t testing.TB, dsn string, opts Options) *DB {
 		db.SetMaxOpenConns(MaxOpenConns)
 		t.Cleanup(func() { db.Close() })
 		return New(t, db, dialect.Postgres, opts)
+	case mysqldsn.IsURL(dsn):
+		db, err := sql.Open("mysql", CreateMySQLDatabase(t, dsn))
+		if err != nil {
+			t.Fatalf("sqlfixture: open mysql: %v", err)
+		}
+		db.SetMaxOpenConns(MaxOpenConns)
+		t.Cleanup(func() { db.Close() })
+		return New(t, db, dialect.MySQL, opts)
 	case dsn == "sqlite:" || dsn == "sqlite":
 		db, err := sql.Open("sqlite", SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")))
 		if err != nil {
@@ -115,7 +128,7 @@ func Open(t testing.TB, dsn string, opts Options) *DB {
 		t.Cleanup(func() { db.Close() })
 		return New(t, db, dialect.SQLite, opts)
 	}
-	t.Fatalf("sqlfixture: DSN %q: want postgres://... or sqlite:", redact(dsn))
+	t.Fatalf("sqlfixture: DSN %q: want postgres://..., mysql://... or sqlite:", redact(dsn))
 	return nil
 }
 
@@ -186,16 +199,16 @@ func Attach(t testing.TB, db *sql.DB, d dialect.Dialect, opts Options) *DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.ExecContext(ctx, "CREATE TABLE "+quote(ot)+" (id TEXT PRIMARY KEY, "+opts.OrdersColumn+" INTEGER NOT NULL)"); err != nil {
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+d.Quote(ot)+" (id VARCHAR(64) PRIMARY KEY, "+opts.OrdersColumn+" INTEGER NOT NULL)"); err != nil {
 		t.Fatalf("sqlfixture: create orders: %v", err)
 	}
 	box, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: d, Table: table, Logger: opts.Logger})
 	if err != nil {
 		t.Fatal(err)
 	}
-	insert := "INSERT INTO " + quote(ot) + " (id, " + opts.OrdersColumn + ") VALUES (?, ?)"
+	insert := "INSERT INTO " + d.Quote(ot) + " (id, " + opts.OrdersColumn + ") VALUES (?, ?)"
 	if d.Placeholders() == dialect.Dollar {
-		insert = "INSERT INTO " + quote(ot) + " (id, " + opts.OrdersColumn + ") VALUES ($1, $2)"
+		insert = "INSERT INTO " + d.Quote(ot) + " (id, " + opts.OrdersColumn + ") VALUES ($1, $2)"
 	}
 	f := &DB{DB: db, Dialect: d, Table: q.Table(), q: q, orders: insert, box: box}
 	if d.ClaimMode() == dialect.ClaimLease {
@@ -277,16 +290,22 @@ func Backdate(ctx context.Context, db Execer, d dialect.Dialect, table, id strin
 	}
 	var query string
 	var args []any
-	switch d.ClaimMode() {
-	case dialect.ClaimRowLocks:
-		query = "UPDATE " + quote(tid) + " SET created_at = created_at - $1 * interval '1 microsecond'," +
+	switch {
+	case d == dialect.MySQL:
+		query = "UPDATE " + d.Quote(tid) + " SET created_at = created_at - INTERVAL ? MICROSECOND," +
+			" published_at = published_at - INTERVAL ? MICROSECOND, dead_at = dead_at - INTERVAL ? MICROSECOND," +
+			" next_attempt_at = next_attempt_at - INTERVAL ? MICROSECOND WHERE event_id = ?"
+		us := age.Microseconds()
+		args = []any{us, us, us, us, id}
+	case d.ClaimMode() == dialect.ClaimRowLocks:
+		query = "UPDATE " + d.Quote(tid) + " SET created_at = created_at - $1 * interval '1 microsecond'," +
 			" published_at = published_at - $1 * interval '1 microsecond', dead_at = dead_at - $1 * interval '1 microsecond'," +
 			" next_attempt_at = next_attempt_at - $1 * interval '1 microsecond'" +
 			" WHERE event_id = $2"
 		args = []any{age.Microseconds(), id}
 	default:
 		mod := fmt.Sprintf("-%.3f seconds", age.Seconds())
-		query = "UPDATE " + quote(tid) + " SET created_at = strftime('%Y-%m-%dT%H:%M:%fZ', created_at, ?1)," +
+		query = "UPDATE " + d.Quote(tid) + " SET created_at = strftime('%Y-%m-%dT%H:%M:%fZ', created_at, ?1)," +
 			" published_at = strftime('%Y-%m-%dT%H:%M:%fZ', published_at, ?1), dead_at = strftime('%Y-%m-%dT%H:%M:%fZ', dead_at, ?1)," +
 			" next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', next_attempt_at, ?1)" +
 			" WHERE event_id = ?2"
@@ -302,13 +321,6 @@ func Backdate(ctx context.Context, db Execer, d dialect.Dialect, table, id strin
 	return nil
 }
 
-func quote(id dialect.Identifier) string {
-	if id.Schema == "" {
-		return `"` + id.Name + `"`
-	}
-	return `"` + id.Schema + `"."` + id.Name + `"`
-}
-
 // Crash abandons every open claim as a relay's death does. On PostgreSQL
 // it terminates every other connection to the fixture's database, which
 // ends their transactions and row locks, and empties the pool of the
@@ -322,9 +334,14 @@ func (f *DB) Crash(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rows, err := conn.QueryContext(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-	if err == nil {
-		err = rows.Close()
+	if f.Dialect == dialect.MySQL {
+		err = killMySQL(ctx, conn)
+	} else {
+		var rows *sql.Rows
+		rows, err = conn.QueryContext(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+		if err == nil {
+			err = rows.Close()
+		}
 	}
 	conn.Close()
 	if err != nil {
@@ -348,6 +365,68 @@ func (f *DB) StoreFixture(store core.Store) *outboxtest.StoreFixture {
 		Crash:             f.Crash,
 		ClaimLease:        f.ClaimLease,
 	}
+}
+
+// killMySQL kills every other session on conn's database.
+func killMySQL(ctx context.Context, conn *sql.Conn) error {
+	rows, err := conn.QueryContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID()")
+	if err != nil {
+		return err
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		ids = append(ids, id)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		// A session that ended meanwhile is no error.
+		if _, err := conn.ExecContext(ctx, "KILL "+strconv.FormatInt(id, 10)); err != nil && !strings.Contains(err.Error(), "Unknown thread") {
+			return err
+		}
+	}
+	return nil
+}
+
+// CreateMySQLDatabase creates an empty database on the MySQL or MariaDB
+// server of adminURL (mysql://user:password@host:port/), drops it when the
+// test ends, and returns its DSN in the form of
+// github.com/go-sql-driver/mysql.
+func CreateMySQLDatabase(t testing.TB, adminURL string) string {
+	t.Helper()
+	cfg, err := mysqldsn.Config(adminURL)
+	if err != nil {
+		t.Fatalf("sqlfixture: %v", err)
+	}
+	name := "t_" + randomID()
+	admin := cfg.Clone()
+	admin.DBName = ""
+	db, err := sql.Open("mysql", admin.FormatDSN())
+	if err != nil {
+		t.Fatalf("sqlfixture: open admin connection: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"); err != nil {
+		db.Close()
+		t.Fatalf("sqlfixture: create database %s on %s: %v", name, redact(adminURL), err)
+	}
+	t.Cleanup(func() {
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name); err != nil {
+			t.Logf("sqlfixture: drop database %s: %v", name, err)
+		}
+	})
+	cfg.DBName = name
+	return cfg.FormatDSN()
 }
 
 // CreatePostgresDatabase creates an empty database on the server of
