@@ -8,9 +8,9 @@ import (
 func TestDriverDSN(t *testing.T) {
 	for in, want := range map[string]string{
 		"mysql://app:s%40cret@db.example:3307/shop?parseTime=true": "app:s@cret@tcp(db.example:3307)/shop?parseTime=true",
-		"mariadb://app@db.example/shop":                             "app@tcp(db.example:3306)/shop",
-		"mysql://app:pw@/shop":                                      "app:pw@tcp(127.0.0.1:3306)/shop",
-		"app:pw@tcp(127.0.0.1:3306)/shop?interpolateParams=true":    "app:pw@tcp(127.0.0.1:3306)/shop?interpolateParams=true",
+		"mariadb://app@db.example/shop":                            "app@tcp(db.example:3306)/shop",
+		"mysql://app:pw@/shop":                                     "app:pw@tcp(127.0.0.1:3306)/shop",
+		"app:pw@tcp(127.0.0.1:3306)/shop?interpolateParams=true":   "app:pw@tcp(127.0.0.1:3306)/shop?interpolateParams=true",
 	} {
 		got, err := DriverDSN(in)
 		if err != nil || got != want {
