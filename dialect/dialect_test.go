@@ -46,7 +46,7 @@ func TestValidateIdentifier(t *testing.T) {
 func TestInjectionRejectedEverywhere(t *testing.T) {
 	t.Parallel()
 	const evil = "outbox_events; DROP TABLE orders; --"
-	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.SQLite} {
+	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.MySQL, dialect.SQLite} {
 		if _, err := d.Queries(evil); !errors.Is(err, dialect.ErrInvalidIdentifier) {
 			t.Errorf("%s Queries: %v", d, err)
 		}
@@ -69,7 +69,8 @@ func TestInjectionRejectedEverywhere(t *testing.T) {
 
 func TestByName(t *testing.T) {
 	t.Parallel()
-	for name, want := range map[string]dialect.Dialect{"pgx": dialect.Postgres, "postgres": dialect.Postgres, "sqlite": dialect.SQLite, "sqlite3": dialect.SQLite} {
+	for name, want := range map[string]dialect.Dialect{"pgx": dialect.Postgres, "postgres": dialect.Postgres, "sqlite": dialect.SQLite, "sqlite3": dialect.SQLite,
+		"mysql": dialect.MySQL, "MariaDB": dialect.MySQL} {
 		if got, err := dialect.ByName(name); err != nil || got != want {
 			t.Errorf("ByName(%q) = %v, %v", name, got, err)
 		}
@@ -92,6 +93,7 @@ func TestPlaceholders(t *testing.T) {
 		{dialect.Postgres, "$12", "?"},
 		{dialect.Postgres.WithPlaceholders(dialect.Question), "?", "$1"},
 		{dialect.SQLite, "?", "$1"},
+		{dialect.MySQL, "?", "$1"},
 	} {
 		q, err := tc.d.Queries("app.events")
 		if err != nil {
@@ -104,7 +106,11 @@ func TestPlaceholders(t *testing.T) {
 		if len(args) != 12 || !strings.Contains(ins, tc.want) || strings.Contains(ins, tc.deny) {
 			t.Errorf("%v: Insert = %q with %d args", tc.d.Placeholders(), ins, len(args))
 		}
-		if !strings.Contains(ins, `"app"."events"`) {
+		quoted := `"app"."events"`
+		if tc.d == dialect.MySQL {
+			quoted = "`app`.`events`"
+		}
+		if !strings.Contains(ins, quoted) {
 			t.Errorf("table not quoted and qualified: %q", ins)
 		}
 		mf, _, err := q.MarkFailed([]core.Failure{{Seq: 1, Err: "x"}})
@@ -190,8 +196,22 @@ func migrateCases() []migrateCase {
 		}
 		return func() *sql.DB { return openSQLite(t, path) }
 	}
+	my := func(t *testing.T) func() *sql.DB {
+		dsn := testenv.MySQLDSN(t)
+		return func() *sql.DB {
+			db, err := sql.Open("mysql", dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			return db
+		}
+	}
 	return []migrateCase{
 		{name: "postgres", d: dialect.Postgres, open: pg, opts: dialect.MigrateOptions{Logger: quiet}},
+		{name: "mariadb", d: dialect.MySQL, open: my, opts: dialect.MigrateOptions{Logger: quiet}},
+		{name: "mariadb_custom", d: dialect.MySQL, open: my,
+			opts: dialect.MigrateOptions{Table: "Order_Outbox", InboxTable: "inbox", MigrationsTable: "schema_versions", Logger: quiet}},
 		{name: "postgres_custom", d: dialect.Postgres, open: pg, prepare: "CREATE SCHEMA app",
 			opts: dialect.MigrateOptions{Table: "app.Order_Outbox", InboxTable: "app.inbox", MigrationsTable: "app.schema_versions", Logger: quiet}},
 		{name: "sqlite", d: dialect.SQLite, open: lite, opts: dialect.MigrateOptions{Logger: quiet}},
@@ -308,7 +328,7 @@ func assertMigrated(t *testing.T, db *sql.DB, d dialect.Dialect, opts dialect.Mi
 func TestMigrateFailureRollsBack(t *testing.T) {
 	t.Parallel()
 	for _, tc := range migrateCases() {
-		if tc.opts.Table != "" {
+		if tc.opts.Table != "" || tc.d == dialect.MySQL { // MySQL: TestMigrateFailureMySQL
 			continue
 		}
 		t.Run(tc.name, func(t *testing.T) {
@@ -335,5 +355,58 @@ func TestMigrateFailureRollsBack(t *testing.T) {
 				t.Errorf("pool unusable after failed migration: %v", err)
 			}
 		})
+	}
+}
+
+// On MySQL, whose DDL commits as it runs, a failing migration is not
+// recorded, the ones before it are, and a run after the cause is removed
+// finishes the job.
+func TestMigrateFailureMySQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.OpenMySQL(t)
+	// A foreign table in the way: the ordered migration's indexes name
+	// columns it lacks.
+	if _, err := db.ExecContext(ctx, "CREATE TABLE outbox_events (x INTEGER)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialect.Migrate(ctx, db, dialect.MySQL, dialect.MigrateOptions{Logger: quiet}); err == nil {
+		t.Fatal("Migrate over an incompatible table succeeded")
+	}
+	recorded := func() map[string]bool {
+		rows, err := db.QueryContext(ctx, "SELECT component FROM txoutbox_migrations")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		got := map[string]bool{}
+		for rows.Next() {
+			var c string
+			if err := rows.Scan(&c); err != nil {
+				t.Fatal(err)
+			}
+			got[c] = true
+		}
+		return got
+	}
+	if got := recorded(); got[dialect.ComponentOrdered] || got[dialect.ComponentInbox] {
+		t.Fatalf("recorded %v after the ordered migration failed", got)
+	}
+	if _, err := db.ExecContext(ctx, "DROP TABLE outbox_events"); err != nil {
+		t.Fatal(err)
+	}
+	// The outbox migration is recorded as done: CREATE TABLE IF NOT EXISTS
+	// met the foreign table. Forget it, as an operator fixing this would.
+	if _, err := db.ExecContext(ctx, "DELETE FROM txoutbox_migrations"); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialect.Migrate(ctx, db, dialect.MySQL, dialect.MigrateOptions{Logger: quiet}); err != nil {
+		t.Fatalf("Migrate after the fix: %v", err)
+	}
+	assertMigrated(t, db, dialect.MySQL, dialect.MigrateOptions{})
+	// The lock is released: another session takes it at once.
+	var got int
+	if err := db.QueryRowContext(ctx, "SELECT GET_LOCK('txoutbox_migrate', 0) + RELEASE_LOCK('txoutbox_migrate')").Scan(&got); err != nil || got != 2 {
+		t.Errorf("migrate lock still held: %d, %v", got, err)
 	}
 }

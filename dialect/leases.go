@@ -153,7 +153,13 @@ func (l *LeaseQueries) AcquireMark(owner string, ttl time.Duration, partitions [
 // text, "" when the partition was free); a previous owner other than owner
 // means a takeover of an expired lease: a failover. Rows another relay is
 // taking at the same moment are skipped.
+//
+// Where Returning is false it returns "": use AcquireCandidates and
+// AcquireMark.
 func (l *LeaseQueries) Acquire(owner string, ttl time.Duration, k int) (string, []any) {
+	if !l.Returning() {
+		return "", nil
+	}
 	now := l.d.now()
 	return l.d.rebind("WITH free AS (SELECT partition, owner FROM " + l.leases +
 		" WHERE relay_group = ? AND (owner IS NULL OR expires_at <= " + now + ")" +

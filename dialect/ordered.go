@@ -115,6 +115,9 @@ func (q *Queries) partitionLocks() string {
 // at once), which lets the check use a small partial index of events with
 // attempt_count > 0 (see the ordered migration).
 //
+// On MySQL it selects, without locking, the ids of the events the claim
+// takes; LockOrdered then locks them.
+//
 // On SQLite, which runs one writer and ignores partitions, it is one UPDATE
 // stamping a lease of the given length, like Claim; an event is also held
 // back by an earlier event under another claim's lease, which keeps several
@@ -150,17 +153,36 @@ func (q *Queries) ClaimOrdered(o core.OrderedClaim, limit int, lease time.Durati
 	}
 	n := o.PartitionCount
 	if q.d.kind == kindMySQL {
-		// Locking reads lock no rows of the subquery; MariaDB has no
-		// FOR UPDATE OF.
-		s := "SELECT " + q.cols + " FROM " + q.t + " AS o WHERE " + due +
+		// No locks here: InnoDB locks every row its index scan reads
+		// before the partition and order conditions are checked, so a
+		// locking read would hold, for a moment, rows of partitions that
+		// other claims serve, and their SKIP LOCKED would pass over an
+		// aggregate's next event and take the one after it.
+		s := "SELECT o.id FROM " + q.t + " AS o WHERE " + due +
 			" AND FIND_IN_SET(" + mysqlPartitionExpr + ", ?) > 0 AND " + notBlocked +
-			" ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED"
+			" ORDER BY o.id LIMIT ?"
 		return s, []any{n, n, intList(o.Partitions), limit}
 	}
 	s := "SELECT " + q.cols + " FROM " + q.t + " AS o WHERE " + due +
 		" AND " + partitionExpr + " = ANY(CAST(CAST(? AS text) AS bigint[])) AND " + notBlocked +
 		" ORDER BY o.id LIMIT ? FOR UPDATE OF o SKIP LOCKED"
 	return q.d.rebind(s), []any{n, n, intArray(o.Partitions), limit}
+}
+
+// LockOrdered returns, on MySQL, the second statement of an ordered claim:
+// it locks the candidates ClaimOrdered selected, by primary key, waiting
+// for the moment another claim's scan holds one, and returns those still
+// due, in Seq order. The claim's partition locks keep every other claim
+// from taking them meanwhile; a candidate an operator changed in between
+// is left out (see sqlxoutbox for what the claim then drops).
+func (q *Queries) LockOrdered(seqs []int64) (string, []any) {
+	cols := strings.Split(eventColumns, ", ")
+	for i, c := range cols {
+		cols[i] = "o." + c
+	}
+	return "SELECT " + strings.Join(cols, ", ") + " FROM " + q.t + " AS o JOIN " + mysqlSeqTable + " AS j ON o.id = j.seq" +
+		" WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at <= " + q.d.now() +
+		" ORDER BY o.id FOR UPDATE", []any{q.seqArg(seqs)}
 }
 
 // PartitionOf returns, on PostgreSQL and MySQL, the query of the partition (one int

@@ -12,7 +12,7 @@ import (
 )
 
 func TestOrderedClaimPlaceholdersMatchArgs(t *testing.T) {
-	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.SQLite} {
+	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.MySQL, dialect.SQLite} {
 		q, err := d.Queries("app.events")
 		if err != nil {
 			t.Fatal(err)
@@ -22,7 +22,7 @@ func TestOrderedClaimPlaceholdersMatchArgs(t *testing.T) {
 			if n := countPlaceholders(d, query); n != len(args) {
 				t.Errorf("%s/%s: %d placeholders, %d args: %s", d, policy, n, len(args), query)
 			}
-			if !strings.Contains(query, `"app"."events"`) {
+			if !strings.Contains(query, d.Quote(dialect.Identifier{Schema: "app", Name: "events"})) {
 				t.Errorf("%s: claim does not name the qualified table: %s", d, query)
 			}
 			dead := strings.Contains(query, "dead_at IS NOT NULL OR")
@@ -40,6 +40,18 @@ func TestOrderedClaimPlaceholdersMatchArgs(t *testing.T) {
 	if q.PartitionLockKey() == other.PartitionLockKey() {
 		t.Error("two tables share the partition lock key")
 	}
+	mq, _ := dialect.MySQL.Queries("app.events")
+	query, args = mq.LockPartitions([]int{3, 4})
+	if countPlaceholders(dialect.MySQL, query) != len(args) || args[1] != "3,4" || !strings.Contains(query, "`app`.`txoutbox_partition_locks`") {
+		t.Errorf("MySQL LockPartitions = %s %v", query, args)
+	}
+	query, args = mq.CreatePartitionLocks(3)
+	if countPlaceholders(dialect.MySQL, query) != len(args) || args[1] != "[0,1,2]" {
+		t.Errorf("MySQL CreatePartitionLocks = %s %v", query, args)
+	}
+	if query, _ := q.CreatePartitionLocks(3); query != "" {
+		t.Errorf("PostgreSQL CreatePartitionLocks = %q, want none", query)
+	}
 	sq, _ := dialect.SQLite.Queries("")
 	if query, _ := sq.LockPartitions([]int{1}); query != "" {
 		t.Errorf("SQLite LockPartitions = %q, want none", query)
@@ -53,7 +65,13 @@ func TestOrderedClaimPlaceholdersMatchArgs(t *testing.T) {
 }
 
 func TestLeaseQueriesPlaceholdersMatchArgs(t *testing.T) {
-	q, _ := dialect.Postgres.Queries("app.events")
+	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.MySQL} {
+		t.Run(d.Name(), func(t *testing.T) { checkLeaseQueries(t, d) })
+	}
+}
+
+func checkLeaseQueries(t *testing.T, d dialect.Dialect) {
+	q, _ := d.Queries("app.events")
 	l, err := q.Leases()
 	if err != nil {
 		t.Fatal(err)
@@ -61,13 +79,21 @@ func TestLeaseQueriesPlaceholdersMatchArgs(t *testing.T) {
 	if l.Group() != "app.events" {
 		t.Errorf("group %q, want app.events", l.Group())
 	}
+	if l.Returning() != (d == dialect.Postgres) {
+		t.Errorf("Returning = %v on %s", l.Returning(), d)
+	}
+	schema := d.Quote(dialect.Identifier{Schema: "app", Name: "txoutbox_"})
+	schema = schema[:len(schema)-1] // the table name is longer
 	check := func(name, query string, args []any) {
 		t.Helper()
-		if n := countPlaceholders(dialect.Postgres, query); n != len(args) {
+		if n := countPlaceholders(d, query); n != len(args) {
 			t.Errorf("%s: %d placeholders, %d args: %s", name, n, len(args), query)
 		}
-		if !strings.Contains(query, `"app"."txoutbox_`) {
+		if !strings.Contains(query, schema) {
 			t.Errorf("%s: not in the outbox's schema: %s", name, query)
+		}
+		if d == dialect.MySQL && strings.Contains(query, " partition") {
+			t.Errorf("%s: unquoted reserved word partition: %s", name, query)
 		}
 	}
 	s, a := l.PartitionCount()
@@ -84,20 +110,29 @@ func TestLeaseQueriesPlaceholdersMatchArgs(t *testing.T) {
 	check("Leave", s, a)
 	s, a = l.Renew("me", time.Second)
 	check("Renew", s, a)
-	s, a = l.Acquire("me", time.Second, 3)
-	check("Acquire", s, a)
+	if s, a = l.Acquire("me", time.Second, 3); l.Returning() {
+		check("Acquire", s, a)
+	} else if s != "" {
+		t.Errorf("Acquire without RETURNING = %q, want none", s)
+	}
 	s, a = l.Release("me", nil)
 	check("Release all", s, a)
 	s, a = l.Release("me", []int{1})
 	check("Release some", s, a)
 	s, a = l.List()
 	check("List", s, a)
+	s, a = l.Held("me")
+	check("Held", s, a)
+	s, a = l.AcquireCandidates(3)
+	check("AcquireCandidates", s, a)
+	s, a = l.AcquireMark("me", time.Second, []int{1, 2})
+	check("AcquireMark", s, a)
 }
 
 // The default migrations include ordered mode's; SkipOrdered leaves them
 // out.
 func TestOrderedMigrationsRender(t *testing.T) {
-	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.SQLite} {
+	for _, d := range []dialect.Dialect{dialect.Postgres, dialect.MySQL, dialect.SQLite} {
 		all, err := dialect.Migrations(d, dialect.MigrateOptions{Table: "app.events", SkipInbox: true})
 		if err != nil {
 			t.Fatal(err)
@@ -130,7 +165,7 @@ func TestOrderedMigrationsRender(t *testing.T) {
 }
 
 func countPlaceholders(d dialect.Dialect, query string) int {
-	if d == dialect.SQLite {
+	if d.Placeholders() == dialect.Question {
 		return strings.Count(query, "?")
 	}
 	n := 0

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
-	"slices"
 	"testing"
 	"time"
 
@@ -40,6 +39,8 @@ func migrated(t testing.TB, d dialect.Dialect) *sql.DB {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { db.Close() })
+	} else if d == dialect.MySQL {
+		db = testenv.OpenMySQL(t)
 	} else {
 		db = testenv.OpenPostgres(t)
 	}
@@ -55,50 +56,43 @@ func migrated(t testing.TB, d dialect.Dialect) *sql.DB {
 	return db
 }
 
-// enqueue writes events in order and returns them with Seq set.
+// enqueue writes events in order, in one transaction per
+// dialect.MaxInsertRows, and returns them with Seq set.
 func enqueue(t testing.TB, db *sql.DB, d dialect.Dialect, evs []core.Event) []core.Event {
 	t.Helper()
-	q, err := d.Queries("")
+	box, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: d, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range evs {
-		if err := evs[i].Prepare(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ctx := context.Background()
 	for start := 0; start < len(evs); start += dialect.MaxInsertRows {
-		end := min(start+dialect.MaxInsertRows, len(evs))
-		query, args, err := q.Insert(evs[start:end])
+		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rows, err := db.QueryContext(context.Background(), query, args...)
-		if err != nil {
+		if err := box.Enqueue(ctx, tx, evs[start:min(start+dialect.MaxInsertRows, len(evs))]...); err != nil {
+			tx.Rollback()
 			t.Fatal(err)
 		}
-		var seqs []int64
-		for rows.Next() {
-			var seq int64
-			var created dialect.Time
-			if err := rows.Scan(&seq, &created); err != nil {
-				t.Fatal(err)
-			}
-			seqs = append(seqs, seq)
-		}
-		if err := rows.Close(); err != nil {
+		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
-		}
-		if len(seqs) != end-start {
-			t.Fatalf("inserted %d rows, want %d", len(seqs), end-start)
-		}
-		// ids grow in the order of the rows
-		slices.Sort(seqs)
-		for i := start; i < end; i++ {
-			evs[i].Seq = seqs[i-start]
 		}
 	}
 	return evs
+}
+
+// sqlDialects are the databases whose stores serve leased ordered claims.
+var sqlDialects = []dialect.Dialect{dialect.Postgres, dialect.MySQL}
+
+// forDialects runs fn for every dialect of sqlDialects, in parallel.
+func forDialects(t *testing.T, fn func(t *testing.T, d dialect.Dialect)) {
+	t.Helper()
+	for _, d := range sqlDialects {
+		t.Run(d.Name(), func(t *testing.T) {
+			t.Parallel()
+			fn(t, d)
+		})
+	}
 }
 
 // events makes perAgg events for each aggregate, interleaved: a0 b0 a1 b1 ...

@@ -35,13 +35,13 @@ func (c *changeLog) take() []ordered.LeaseChange {
 	return out
 }
 
-func newLeaser(t testing.TB, db *sql.DB, owner string, n int, ttl time.Duration, log *changeLog) *ordered.Leaser {
+func newLeaser(t testing.TB, db *sql.DB, d dialect.Dialect, owner string, n int, ttl time.Duration, log *changeLog) *ordered.Leaser {
 	t.Helper()
 	opts := ordered.LeaserOptions{Owner: owner, PartitionCount: n, LeaseTTL: ttl, Logger: testLogger(t)}
 	if log != nil {
 		opts.OnChange = log.add
 	}
-	l, err := ordered.NewLeaser(db, dialect.Postgres, opts)
+	l, err := ordered.NewLeaser(db, d, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,171 +89,183 @@ func kinds(cs []ordered.LeaseChange, k ordered.LeaseChangeKind) (n int, from []s
 // Acquire, rebalance on join, expiry takeover when a relay stops renewing,
 // lost leases when it comes back, and rebalance again.
 func TestLeaserAcquireRebalanceExpiryTakeover(t *testing.T) {
-	db := migrated(t, dialect.Postgres)
-	const n = 8
-	ttl := 1500 * time.Millisecond
-	logA, logB := &changeLog{}, &changeLog{}
-	a := newLeaser(t, db, "relay-a", n, ttl, logA)
-	b := newLeaser(t, db, "relay-b", n, ttl, logB)
+	t.Parallel()
+	forDialects(t, func(t *testing.T, d dialect.Dialect) {
+		db := migrated(t, d)
+		const n = 8
+		ttl := 1500 * time.Millisecond
+		logA, logB := &changeLog{}, &changeLog{}
+		a := newLeaser(t, db, d, "relay-a", n, ttl, logA)
+		b := newLeaser(t, db, d, "relay-b", n, ttl, logB)
 
-	tick(t, a)
-	if got := a.Held(); len(got) != n {
-		t.Fatalf("single relay holds %v, want all %d partitions", got, n)
-	}
-	if c, _ := kinds(logA.take(), ordered.Acquired); c != n {
-		t.Fatalf("%d acquisitions reported, want %d", c, n)
-	}
-
-	// b joins: nothing is free, so a must give up its excess first.
-	tick(t, b)
-	if got := b.Held(); len(got) != 0 {
-		t.Fatalf("b took %v while a's leases are live", got)
-	}
-	tick(t, a, b)
-	if len(a.Held()) != n/2 || len(b.Held()) != n/2 || checkDisjoint(t, a, b) != n {
-		t.Fatalf("after rebalance a=%v b=%v, want %d each, disjoint", a.Held(), b.Held(), n/2)
-	}
-	if c, _ := kinds(logA.take(), ordered.Released); c != n/2 {
-		t.Fatalf("a reported %d releases, want %d", c, n/2)
-	}
-	// Renewing keeps the split stable.
-	before := b.Held()
-	tick(t, a, b, a, b)
-	if !slices.Equal(b.Held(), before) {
-		t.Fatalf("b's partitions moved from %v to %v without a join or leave", before, b.Held())
-	}
-
-	// a stops renewing (a crash): after the TTL b takes over everything,
-	// and a no longer claims its partitions.
-	logB.take()
-	time.Sleep(ttl + 200*time.Millisecond)
-	if got := a.Held(); got != nil {
-		t.Fatalf("a still reports %v after its leases expired", got)
-	}
-	tick(t, b)
-	if len(b.Held()) != n {
-		t.Fatalf("b holds %v after a's leases expired, want all", b.Held())
-	}
-	taken, from := kinds(logB.take(), ordered.Acquired)
-	if taken != n/2 || b.Stats().Takeovers != n/2 {
-		t.Fatalf("b took %d leases (%d takeovers), want %d", taken, b.Stats().Takeovers, n/2)
-	}
-	for _, f := range from {
-		if f != "relay-a" {
-			t.Fatalf("takeover from %q, want relay-a", f)
+		tick(t, a)
+		if got := a.Held(); len(got) != n {
+			t.Fatalf("single relay holds %v, want all %d partitions", got, n)
 		}
-	}
+		if c, _ := kinds(logA.take(), ordered.Acquired); c != n {
+			t.Fatalf("%d acquisitions reported, want %d", c, n)
+		}
 
-	// a comes back: its renewals find the leases gone.
-	tick(t, a)
-	if lost, _ := kinds(logA.take(), ordered.Lost); lost != n/2 {
-		t.Fatalf("a reported %d lost leases, want %d", lost, n/2)
-	}
-	checkDisjoint(t, a, b)
-	tick(t, b, a)
-	if len(a.Held()) != n/2 || len(b.Held()) != n/2 || checkDisjoint(t, a, b) != n {
-		t.Fatalf("after a's return a=%v b=%v, want %d each", a.Held(), b.Held(), n/2)
-	}
+		// b joins: nothing is free, so a must give up its excess first.
+		tick(t, b)
+		if got := b.Held(); len(got) != 0 {
+			t.Fatalf("b took %v while a's leases are live", got)
+		}
+		tick(t, a, b)
+		if len(a.Held()) != n/2 || len(b.Held()) != n/2 || checkDisjoint(t, a, b) != n {
+			t.Fatalf("after rebalance a=%v b=%v, want %d each, disjoint", a.Held(), b.Held(), n/2)
+		}
+		if c, _ := kinds(logA.take(), ordered.Released); c != n/2 {
+			t.Fatalf("a reported %d releases, want %d", c, n/2)
+		}
+		// Renewing keeps the split stable.
+		before := b.Held()
+		tick(t, a, b, a, b)
+		if !slices.Equal(b.Held(), before) {
+			t.Fatalf("b's partitions moved from %v to %v without a join or leave", before, b.Held())
+		}
+
+		// a stops renewing (a crash): after the TTL b takes over everything,
+		// and a no longer claims its partitions.
+		logB.take()
+		time.Sleep(ttl + 200*time.Millisecond)
+		if got := a.Held(); got != nil {
+			t.Fatalf("a still reports %v after its leases expired", got)
+		}
+		tick(t, b)
+		if len(b.Held()) != n {
+			t.Fatalf("b holds %v after a's leases expired, want all", b.Held())
+		}
+		taken, from := kinds(logB.take(), ordered.Acquired)
+		if taken != n/2 || b.Stats().Takeovers != n/2 {
+			t.Fatalf("b took %d leases (%d takeovers), want %d", taken, b.Stats().Takeovers, n/2)
+		}
+		for _, f := range from {
+			if f != "relay-a" {
+				t.Fatalf("takeover from %q, want relay-a", f)
+			}
+		}
+
+		// a comes back: its renewals find the leases gone.
+		tick(t, a)
+		if lost, _ := kinds(logA.take(), ordered.Lost); lost != n/2 {
+			t.Fatalf("a reported %d lost leases, want %d", lost, n/2)
+		}
+		checkDisjoint(t, a, b)
+		tick(t, b, a)
+		if len(a.Held()) != n/2 || len(b.Held()) != n/2 || checkDisjoint(t, a, b) != n {
+			t.Fatalf("after a's return a=%v b=%v, want %d each", a.Held(), b.Held(), n/2)
+		}
+	})
 }
 
 // A relay that leaves cleanly releases at once: the others need not wait
 // for the TTL.
 func TestLeaserLeaveHandsOverAtOnce(t *testing.T) {
-	db := migrated(t, dialect.Postgres)
-	const n = 9
-	ttl := time.Hour // a takeover by expiry would never happen in time
-	a := newLeaser(t, db, "a", n, ttl, nil)
-	b := newLeaser(t, db, "b", n, ttl, nil)
-	c := newLeaser(t, db, "c", n, ttl, nil)
-	tick(t, a, b, c, a, b, c)
-	if checkDisjoint(t, a, b, c) != n || len(a.Held()) != 3 || len(b.Held()) != 3 {
-		t.Fatalf("three relays: a=%v b=%v c=%v, want 3 each", a.Held(), b.Held(), c.Held())
-	}
-	if err := c.Leave(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	tick(t, a, b)
-	if checkDisjoint(t, a, b) != n {
-		t.Fatalf("after c left a=%v b=%v, want all %d covered", a.Held(), b.Held(), n)
-	}
-	leases, err := a.Leases(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, le := range leases {
-		if !le.Live || le.Owner == "c" {
-			t.Fatalf("lease %+v after c left", le)
+	t.Parallel()
+	forDialects(t, func(t *testing.T, d dialect.Dialect) {
+		db := migrated(t, d)
+		const n = 9
+		ttl := time.Hour // a takeover by expiry would never happen in time
+		a := newLeaser(t, db, d, "a", n, ttl, nil)
+		b := newLeaser(t, db, d, "b", n, ttl, nil)
+		c := newLeaser(t, db, d, "c", n, ttl, nil)
+		tick(t, a, b, c, a, b, c)
+		if checkDisjoint(t, a, b, c) != n || len(a.Held()) != 3 || len(b.Held()) != 3 {
+			t.Fatalf("three relays: a=%v b=%v c=%v, want 3 each", a.Held(), b.Held(), c.Held())
 		}
-	}
+		if err := c.Leave(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		tick(t, a, b)
+		if checkDisjoint(t, a, b) != n {
+			t.Fatalf("after c left a=%v b=%v, want all %d covered", a.Held(), b.Held(), n)
+		}
+		leases, err := a.Leases(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, le := range leases {
+			if !le.Live || le.Owner == "c" {
+				t.Fatalf("lease %+v after c left", le)
+			}
+		}
+	})
 }
 
 // Run renews, and a relay killed without leaving is replaced within the
 // TTL plus one renew interval.
 func TestLeaserRunFailover(t *testing.T) {
-	db := migrated(t, dialect.Postgres)
-	const n = 6
-	ttl := time.Second
-	a := newLeaser(t, db, "a", n, ttl, nil)
-	b := newLeaser(t, db, "b", n, ttl, nil)
-	actx, killA := context.WithCancel(context.Background())
-	bctx, stopB := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = b.Run(bctx) }()
-	aDone := make(chan struct{})
-	go func() {
-		defer close(aDone)
-		// a "dies": it ticks until killed, then never releases.
-		for actx.Err() == nil {
-			_ = a.Tick(actx)
-			select {
-			case <-actx.Done():
-			case <-time.After(ttl / 3):
+	t.Parallel()
+	forDialects(t, func(t *testing.T, d dialect.Dialect) {
+		db := migrated(t, d)
+		const n = 6
+		ttl := time.Second
+		a := newLeaser(t, db, d, "a", n, ttl, nil)
+		b := newLeaser(t, db, d, "b", n, ttl, nil)
+		actx, killA := context.WithCancel(context.Background())
+		bctx, stopB := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = b.Run(bctx) }()
+		aDone := make(chan struct{})
+		go func() {
+			defer close(aDone)
+			// a "dies": it ticks until killed, then never releases.
+			for actx.Err() == nil {
+				_ = a.Tick(actx)
+				select {
+				case <-actx.Done():
+				case <-time.After(ttl / 3):
+				}
+			}
+		}()
+		defer func() { stopB(); wg.Wait() }()
+		waitFor(t, 10*time.Second, "an even split", func() bool {
+			return len(a.Held()) == n/2 && len(b.Held()) == n/2 && checkDisjoint(t, a, b) == n
+		})
+		killA()
+		<-aDone
+		killed := time.Now()
+		waitFor(t, 10*time.Second, "b to take over", func() bool { return len(b.Held()) == n })
+		took := time.Since(killed)
+		if limit := ttl + ttl/3 + time.Second; took > limit {
+			t.Fatalf("takeover took %v, want within TTL + renew interval (%v)", took, limit)
+		}
+		t.Logf("takeover after %v (TTL %v)", took, ttl)
+		stopB()
+		wg.Wait()
+		leases, err := b.Leases(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, le := range leases {
+			if le.Owner != "" {
+				t.Fatalf("lease %+v still owned after Run returned", le)
 			}
 		}
-	}()
-	defer func() { stopB(); wg.Wait() }()
-	waitFor(t, 10*time.Second, "an even split", func() bool {
-		return len(a.Held()) == n/2 && len(b.Held()) == n/2 && checkDisjoint(t, a, b) == n
 	})
-	killA()
-	<-aDone
-	killed := time.Now()
-	waitFor(t, 10*time.Second, "b to take over", func() bool { return len(b.Held()) == n })
-	took := time.Since(killed)
-	if limit := ttl + ttl/3 + time.Second; took > limit {
-		t.Fatalf("takeover took %v, want within TTL + renew interval (%v)", took, limit)
-	}
-	t.Logf("takeover after %v (TTL %v)", took, ttl)
-	stopB()
-	wg.Wait()
-	leases, err := b.Leases(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, le := range leases {
-		if le.Owner != "" {
-			t.Fatalf("lease %+v still owned after Run returned", le)
-		}
-	}
 }
 
 func TestLeaserPartitionCountMismatch(t *testing.T) {
-	db := migrated(t, dialect.Postgres)
-	newLeaser(t, db, "a", 8, time.Second, nil)
-	l, err := ordered.NewLeaser(db, dialect.Postgres, ordered.LeaserOptions{Owner: "b", PartitionCount: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Run(context.Background()); !errors.Is(err, core.ErrPartitionCountMismatch) {
-		t.Fatalf("Run with another partition count = %v, want ErrPartitionCountMismatch", err)
-	}
-	if _, err := ordered.NewLeaser(db, dialect.SQLite, ordered.LeaserOptions{}); !errors.Is(err, core.ErrUnsupported) {
-		t.Fatalf("NewLeaser on SQLite = %v, want ErrUnsupported", err)
-	}
-	if _, err := ordered.NewLeaser(db, dialect.Postgres, ordered.LeaserOptions{LeaseTTL: time.Second, RenewInterval: 2 * time.Second}); !errors.Is(err, core.ErrInvalidOptions) {
-		t.Fatalf("RenewInterval above LeaseTTL: %v, want ErrInvalidOptions", err)
-	}
+	t.Parallel()
+	forDialects(t, func(t *testing.T, d dialect.Dialect) {
+		db := migrated(t, d)
+		newLeaser(t, db, d, "a", 8, time.Second, nil)
+		l, err := ordered.NewLeaser(db, d, ordered.LeaserOptions{Owner: "b", PartitionCount: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Run(context.Background()); !errors.Is(err, core.ErrPartitionCountMismatch) {
+			t.Fatalf("Run with another partition count = %v, want ErrPartitionCountMismatch", err)
+		}
+		if _, err := ordered.NewLeaser(db, dialect.SQLite, ordered.LeaserOptions{}); !errors.Is(err, core.ErrUnsupported) {
+			t.Fatalf("NewLeaser on SQLite = %v, want ErrUnsupported", err)
+		}
+		if _, err := ordered.NewLeaser(db, d, ordered.LeaserOptions{LeaseTTL: time.Second, RenewInterval: 2 * time.Second}); !errors.Is(err, core.ErrInvalidOptions) {
+			t.Fatalf("RenewInterval above LeaseTTL: %v, want ErrInvalidOptions", err)
+		}
+	})
 }
 
 // A schema-qualified outbox gets its lease tables in its schema, and its

@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/txoutbox/txoutbox/core"
@@ -108,8 +110,66 @@ func (o *Outbox) orderedClaim(ctx context.Context, limit int, oc *core.OrderedCl
 	mine := *oc
 	mine.Partitions = locked
 	query, args := o.q.ClaimOrdered(mine, limit, 0)
+	if !o.d.ClaimMarks() {
+		return o.orderedClaimTwoStep(ctx, tx, query, args)
+	}
 	// An empty claim rolls back at once, giving the partitions back.
 	return o.claims.QueryLocked(ctx, tx, query, args)
+}
+
+// orderedClaimTwoStep is the MySQL ordered claim in tx, which holds the
+// partition locks: select the candidates, then lock them (see
+// dialect.Queries.LockOrdered). A candidate that is no longer due when it
+// is locked (an operator re-queued, replayed or purged it meanwhile) takes
+// its aggregate's later candidates out of the claim, which they would
+// otherwise overtake.
+func (o *Outbox) orderedClaimTwoStep(ctx context.Context, tx *sql.Tx, query string, args []any) (core.Claim, error) {
+	var seqs []int64
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err == nil {
+		for rows.Next() {
+			var seq int64
+			if err = rows.Scan(&seq); err != nil {
+				break
+			}
+			seqs = append(seqs, seq)
+		}
+		err = errors.Join(err, rows.Err(), rows.Close())
+	}
+	if err != nil {
+		o.claims.Rollback(tx)
+		return nil, fmt.Errorf("sqlxoutbox: claim: %w", err)
+	}
+	if len(seqs) == 0 {
+		o.claims.Rollback(tx)
+		return o.claims.Empty(), nil
+	}
+	query, args = o.q.LockOrdered(seqs)
+	return o.claims.QueryLockedFiltered(ctx, tx, query, args, func(evs []core.Event) []core.Event {
+		if len(evs) == len(seqs) {
+			return evs
+		}
+		// A candidate that was not returned has no row to tell its
+		// aggregate by: keep only the events before it, which no
+		// aggregate's order can fault.
+		got := make(map[int64]bool, len(evs))
+		for _, ev := range evs {
+			got[ev.Seq] = true
+		}
+		gap := int64(math.MaxInt64)
+		for _, s := range seqs {
+			if !got[s] {
+				gap = min(gap, s)
+			}
+		}
+		kept := evs[:0]
+		for _, ev := range evs {
+			if ev.Seq < gap {
+				kept = append(kept, ev)
+			}
+		}
+		return kept
+	})
 }
 
 func (o *Outbox) lockPartitions(ctx context.Context, tx *sql.Tx, parts []int) ([]int, error) {

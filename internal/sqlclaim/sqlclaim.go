@@ -66,6 +66,13 @@ func (c *Claimer) Empty() core.Claim {
 // the claim holding tx. On an error, or when nothing was claimed, it rolls
 // tx back.
 func (c *Claimer) QueryLocked(ctx context.Context, tx *sql.Tx, query string, args []any) (core.Claim, error) {
+	return c.QueryLockedFiltered(ctx, tx, query, args, nil)
+}
+
+// QueryLockedFiltered is QueryLocked keeping only the events filter
+// returns (nil keeps all); the rows it drops stay locked until the claim
+// ends, untouched by its outcome.
+func (c *Claimer) QueryLockedFiltered(ctx context.Context, tx *sql.Tx, query string, args []any, filter func([]core.Event) []core.Event) (core.Claim, error) {
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		c.Rollback(tx)
@@ -75,6 +82,9 @@ func (c *Claimer) QueryLocked(ctx context.Context, tx *sql.Tx, query string, arg
 	if err != nil {
 		c.Rollback(tx)
 		return nil, fmt.Errorf("%s: claim: %w", c.Prefix, err)
+	}
+	if filter != nil {
+		evs = filter(evs)
 	}
 	if len(evs) == 0 {
 		// Nothing to hold: give the connection back at once.
