@@ -237,6 +237,64 @@ func RunInbox(t *testing.T, newInbox NewInboxFunc) {
 		inboxWantProcessed(t, f, "c1", first.id, true)
 	})
 
+	t.Run("ManyDuplicatesTakeOverAfterRollbackOnce", func(t *testing.T) {
+		t.Parallel()
+		f := newInbox(t)
+		ctx, cancel := context.WithTimeout(t.Context(), envDeliveryTimeout(t))
+		defer cancel()
+		id := uuid.NewString()
+		inside := make(chan struct{})
+		firstDone := make(chan error, 1)
+		go func() {
+			_, err := f.Inbox.Process(ctx, "c1", id, func(ctx context.Context) error {
+				if err := f.Effect(ctx, id); err != nil {
+					return err
+				}
+				close(inside)
+				time.Sleep(inboxHold)
+				return errInboxHandler
+			})
+			firstDone <- err
+		}()
+		<-inside
+		// Several duplicates wait on the first's record; when it rolls
+		// back they all go for the key at once. On InnoDB all but one of
+		// them are deadlock victims, which the inbox must retry, not
+		// report: none of them ran its handler yet.
+		const waiters = 6
+		var wg sync.WaitGroup
+		var ran atomic.Int32
+		errs := make(chan error, waiters)
+		for range waiters {
+			wg.Go(func() {
+				mine := false
+				processed, err := f.Inbox.Process(ctx, "c1", id, func(ctx context.Context) error {
+					mine = true
+					ran.Add(1)
+					return f.Effect(ctx, id)
+				})
+				if err == nil && processed != mine {
+					err = fmt.Errorf("processed = %v, its handler ran = %v", processed, mine)
+				}
+				errs <- err
+			})
+		}
+		if err := <-firstDone; !errors.Is(err, errInboxHandler) {
+			t.Fatalf("first delivery: %v, want its handler's error", err)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Errorf("a duplicate failed: %v", err)
+			}
+		}
+		if n := ran.Load(); n != 1 {
+			t.Errorf("%d duplicates ran the handler, want 1", n)
+		}
+		inboxWantEffects(t, f, map[string]int{id: 1})
+	})
+
 	t.Run("RetentionDeletesOldRecordsInBatches", func(t *testing.T) {
 		t.Parallel()
 		f := newInbox(t)

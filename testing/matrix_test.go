@@ -140,7 +140,7 @@ func sqlInbox(t *testing.T, db *sql.DB, d dialect.Dialect) *outboxtest.InboxFixt
 			if tx == nil {
 				return errors.New("no transaction in the handler's context")
 			}
-			_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO effects (key) VALUES (?)`), key)
+			_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO effects (effect_key) VALUES (?)`), key)
 			return err
 		},
 		Effects:   func(ctx context.Context) (map[string]int, error) { return fixtures.CountEffects(ctx, db) },

@@ -24,7 +24,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/sqlitebusy"
+	"github.com/txoutbox/txoutbox/internal/lockretry"
 )
 
 // Options configures New.
@@ -38,14 +38,15 @@ type Options struct {
 // Inbox is a core.Inbox on GORM, for PostgreSQL and SQLite. It also deletes
 // old records (DeleteProcessed) for inbox.Cleanup.
 type Inbox struct {
-	db     *gorm.DB
-	q      *dialect.InboxQueries
-	sqlite bool
+	db *gorm.DB
+	q  *dialect.InboxQueries
+	d  dialect.Dialect
 }
 
 var _ core.Inbox = (*Inbox)(nil)
 
-// New returns an inbox on db, whose dialector must be PostgreSQL or SQLite.
+// New returns an inbox on db, whose dialector must be PostgreSQL, MySQL or
+// SQLite.
 // It does not create the table: run dialect.Migrate first.
 func New(db *gorm.DB, opts Options) (*Inbox, error) {
 	if db == nil {
@@ -53,14 +54,14 @@ func New(db *gorm.DB, opts Options) (*Inbox, error) {
 	}
 	d, err := dialect.ByName(db.Dialector.Name())
 	if err != nil {
-		return nil, fmt.Errorf("%w: gorminbox supports the postgres and sqlite dialectors: %w", core.ErrInvalidOptions, err)
+		return nil, fmt.Errorf("%w: gorminbox supports the postgres, mysql and sqlite dialectors: %w", core.ErrInvalidOptions, err)
 	}
 	// GORM rewrites ? to the dialector's own placeholders.
 	q, err := d.WithPlaceholders(dialect.Question).InboxQueries(opts.Table)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", core.ErrInvalidOptions, err)
 	}
-	return &Inbox{db: db, q: q, sqlite: d == dialect.SQLite}, nil
+	return &Inbox{db: db, q: q, d: d}, nil
 }
 
 type txKey struct{}
@@ -123,10 +124,10 @@ func (ib *Inbox) Process(ctx context.Context, consumer, eventID string, fn func(
 			return fnErr
 		})
 		// SQLite refuses a second writer with SQLITE_BUSY when the DSN set
-		// no busy_timeout. Before fn ran nothing happened, so trying again
-		// is safe; after the INSERT succeeded this transaction holds the
-		// write lock and cannot be refused that way.
-		if err == nil || ran || !ib.sqlite || !sqlitebusy.Is(err) || time.Since(start) >= busyTimeout {
+		// no busy_timeout; MySQL makes a concurrent duplicate's INSERT a
+		// deadlock victim when the delivery it waited for rolled back.
+		// Before fn ran nothing happened, so trying again is safe.
+		if err == nil || ran || !lockretry.Retryable(ib.d, err) || time.Since(start) >= busyTimeout {
 			return ib.result(err, fnErr)
 		}
 		select {
@@ -138,7 +139,8 @@ func (ib *Inbox) Process(ctx context.Context, consumer, eventID string, fn func(
 	}
 }
 
-// busyTimeout bounds the retries of a SQLite INSERT refused as busy.
+// busyTimeout bounds the retries of an INSERT refused as busy (SQLite) or
+// as a deadlock victim (MySQL).
 const busyTimeout = 30 * time.Second
 
 func (ib *Inbox) result(err, fnErr error) (bool, error) {

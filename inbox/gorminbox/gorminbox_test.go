@@ -50,7 +50,7 @@ func openGorm(t *testing.T, name string) (*gorm.DB, *sql.DB, dialect.Dialect) {
 	if err := dialect.Migrate(t.Context(), sqlDB, d, dialect.MigrateOptions{SkipOutbox: true, Logger: slog.New(slog.DiscardHandler)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Exec(`CREATE TABLE effects (key TEXT NOT NULL)`).Error; err != nil {
+	if err := db.Exec(`CREATE TABLE effects (effect_key VARCHAR(255) NOT NULL)`).Error; err != nil {
 		t.Fatal(err)
 	}
 	return db, sqlDB, d

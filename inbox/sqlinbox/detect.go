@@ -10,7 +10,8 @@ import (
 
 // detectDialect names the database behind db from what database/sql and
 // sqlx expose: the driver name of a *sqlx.DB, or the driver type of a
-// *sql.DB (pgx, pq, modernc.org/sqlite, mattn/go-sqlite3).
+// *sql.DB (pgx, pq, go-sql-driver/mysql, modernc.org/sqlite,
+// mattn/go-sqlite3).
 func detectDialect(db any) (dialect.Dialect, bool) {
 	if d, ok := db.(interface{ DriverName() string }); ok {
 		if dl, err := dialect.ByName(d.DriverName()); err == nil {
@@ -24,6 +25,8 @@ func detectDialect(db any) (dialect.Dialect, bool) {
 			return dialect.SQLite, true
 		case strings.Contains(t, "stdlib"), strings.Contains(t, "pq."), strings.Contains(t, "pgx"):
 			return dialect.Postgres, true
+		case strings.Contains(t, "mysql."):
+			return dialect.MySQL, true
 		}
 	}
 	return dialect.Dialect{}, false

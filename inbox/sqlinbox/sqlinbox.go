@@ -1,5 +1,5 @@
 // Package sqlinbox is the inbox (core.Inbox) on database/sql and sqlx, for
-// PostgreSQL and SQLite: Process records (consumer, event_id) in the table
+// PostgreSQL, MySQL/MariaDB and SQLite: Process records (consumer, event_id) in the table
 // processed_events and runs the handler in the same transaction, which the
 // handler reaches with Tx or Txx. Use it with inbox.NewMiddleware:
 //
@@ -24,7 +24,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/sqlitebusy"
+	"github.com/txoutbox/txoutbox/internal/lockretry"
 )
 
 // DB is what New needs from a database handle. *sql.DB and *sqlx.DB
@@ -42,9 +42,10 @@ type sqlxBeginner interface {
 
 // Options configures New.
 type Options struct {
-	// Dialect is dialect.Postgres or dialect.SQLite. The zero value detects
-	// it from the handle: the driver name of a *sqlx.DB, the driver type of a
-	// *sql.DB (pgx, pq, modernc.org/sqlite, mattn/go-sqlite3).
+	// Dialect is dialect.Postgres, dialect.MySQL or dialect.SQLite. The
+	// zero value detects it from the handle: the driver name of a *sqlx.DB,
+	// the driver type of a *sql.DB (pgx, pq, go-sql-driver/mysql,
+	// modernc.org/sqlite, mattn/go-sqlite3).
 	Dialect dialect.Dialect
 	// Table is the inbox table, optionally schema-qualified. Default
 	// dialect.DefaultInboxTable ("processed_events"). Create it with
@@ -52,16 +53,21 @@ type Options struct {
 	// consumer-only database).
 	Table string
 	// TxOptions are passed to BeginTx. Default nil: the database's default
-	// isolation (READ COMMITTED on PostgreSQL), under which a concurrent
-	// duplicate waits for the first delivery's transaction and then skips.
+	// isolation (READ COMMITTED on PostgreSQL, REPEATABLE READ on MySQL),
+	// under which a concurrent duplicate waits for the first delivery's
+	// transaction and then skips. (On MySQL the INSERT's duplicate-key
+	// check locks the key whatever the isolation, so REPEATABLE READ's gap
+	// locks change nothing for the inbox row; they do apply to the
+	// handler's own reads.)
 	// Under REPEATABLE READ or SERIALIZABLE it fails with a serialization
 	// error instead, which the router turns into a redelivery that then
 	// skips: still one effect, one more round trip.
 	TxOptions *sql.TxOptions
-	// BusyTimeout bounds how long Process retries on SQLite when the
-	// database is locked by another writer before the handler ran (the
-	// connection's own busy_timeout pragma is the first line; this covers
-	// a DSN without it). Default 30s. Unused on PostgreSQL.
+	// BusyTimeout bounds how long Process retries, before the handler
+	// ran, when SQLite is locked by another writer (the connection's own
+	// busy_timeout pragma is the first line; this covers a DSN without it)
+	// or when MySQL chose the record's INSERT as a deadlock victim.
+	// Default 30s. Unused on PostgreSQL.
 	BusyTimeout time.Duration
 	// Logger receives warnings about the configuration. Default
 	// slog.Default().
@@ -233,9 +239,11 @@ func (s *Inbox) Process(ctx context.Context, consumer, eventID string, fn func(c
 }
 
 // record begins the transaction and inserts the record, retrying on SQLite
-// while another writer holds the lock. Retrying is safe because nothing has
-// run yet; later statements of the transaction cannot be refused that way,
-// since the successful INSERT already holds SQLite's write lock.
+// while another writer holds the lock, and on MySQL when the INSERT was a
+// deadlock's victim (concurrent duplicates waiting on a delivery that
+// rolled back). Retrying is safe because nothing has run yet; later
+// statements of the transaction cannot be refused that way on SQLite,
+// since the successful INSERT already holds its write lock.
 func (s *Inbox) record(ctx context.Context, consumer, eventID string) (*txValue, bool, error) {
 	start := time.Now()
 	wait := time.Millisecond
@@ -258,7 +266,7 @@ func (s *Inbox) record(ctx context.Context, consumer, eventID string) (*txValue,
 			_ = v.tx.Rollback()
 			err = fmt.Errorf("sqlinbox: record event %s for %s: %w", eventID, consumer, err)
 		}
-		if !s.sqlite || !sqlitebusy.Is(err) || time.Since(start) >= s.opts.BusyTimeout {
+		if !lockretry.Retryable(s.d, err) || time.Since(start) >= s.opts.BusyTimeout {
 			return nil, false, err
 		}
 		// Jittered, so that waiting writers do not wake in lockstep.

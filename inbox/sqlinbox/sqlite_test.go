@@ -47,7 +47,7 @@ func TestSQLiteBeginImmediateWithoutBusyTimeout(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				_, err := ib.Process(ctx, "c1", evIDs[i], func(ctx context.Context) error {
-					_, err := sqlinbox.Tx(ctx).ExecContext(ctx, `INSERT INTO effects (key) VALUES (?)`, evIDs[i])
+					_, err := sqlinbox.Tx(ctx).ExecContext(ctx, `INSERT INTO effects (effect_key) VALUES (?)`, evIDs[i])
 					time.Sleep(5 * time.Millisecond)
 					return err
 				})
@@ -64,7 +64,7 @@ func TestSQLiteBeginImmediateWithoutBusyTimeout(t *testing.T) {
 	}
 	for _, id := range evIDs {
 		var n int
-		if err := db.QueryRow(`SELECT COUNT(*) FROM effects WHERE key = ?`, id).Scan(&n); err != nil || n != 1 {
+		if err := db.QueryRow(`SELECT COUNT(*) FROM effects WHERE effect_key = ?`, id).Scan(&n); err != nil || n != 1 {
 			t.Errorf("event %s took effect %d times (%v), want 1", id, n, err)
 		}
 	}

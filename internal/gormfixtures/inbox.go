@@ -36,7 +36,7 @@ func Inbox(t testing.TB, db *gorm.DB, d dialect.Dialect) *outboxtest.InboxFixtur
 			if tx == nil {
 				return errors.New("no GORM transaction in the handler's context")
 			}
-			return tx.Exec(`INSERT INTO effects (key) VALUES (?)`, key).Error
+			return tx.Exec(`INSERT INTO effects (effect_key) VALUES (?)`, key).Error
 		},
 		Effects:   func(ctx context.Context) (map[string]int, error) { return fixtures.CountEffects(ctx, sqlDB) },
 		Processed: ib.Processed,
