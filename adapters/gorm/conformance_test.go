@@ -30,10 +30,11 @@ func TestConformance(t *testing.T) {
 
 // dialect is the env's dialect.
 func (e *env) dialect() dialect.Dialect {
-	if e.name == "postgres" {
-		return dialect.Postgres
+	d, err := dialect.ByName(e.name)
+	if err != nil {
+		panic(err)
 	}
-	return dialect.SQLite
+	return d
 }
 
 // backdate moves an event's timestamps back by age.

@@ -34,5 +34,9 @@
 // The relay reads the outbox through Store, which is the SQL store of
 // adapters/sqlx on the *sql.DB under GORM, so that both adapters run the same
 // claim and mark statements. The schema is dialect's; the OutboxEvent model
-// lets db.AutoMigrate create the same table and indexes on PostgreSQL.
+// lets db.AutoMigrate create the same table and indexes on PostgreSQL, and
+// AutoMigrate creates it on every database. It works with GORM's
+// postgres, mysql (MySQL 8.0.13+, MariaDB 10.6+) and sqlite dialectors; on
+// MySQL, open the DSN with parseTime=true, as GORM needs for any
+// time.Time field.
 package gormoutbox

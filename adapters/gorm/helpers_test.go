@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -89,6 +90,13 @@ var backends = []backend{
 	{name: "sqlite", open: func(t testing.TB) (*sql.DB, func(gorm.ConnPool) gorm.Dialector) {
 		return openSQLite(t, filepath.Join(t.TempDir(), "test.db")), func(cp gorm.ConnPool) gorm.Dialector {
 			return sqlite.New(sqlite.Config{Conn: cp})
+		}
+	}},
+	{name: "mariadb", open: func(t testing.TB) (*sql.DB, func(gorm.ConnPool) gorm.Dialector) {
+		// GORM scans DATETIME into time.Time only with parseTime.
+		sqlDB := testenv.OpenMySQL(t, "parseTime=true")
+		return sqlDB, func(cp gorm.ConnPool) gorm.Dialector {
+			return mysql.New(mysql.Config{Conn: cp, SkipInitializeWithVersion: false})
 		}
 	}},
 }
@@ -175,7 +183,7 @@ type storedEvent struct {
 // nothing of the adapter is trusted.
 func (e *env) outboxRows(t testing.TB) []storedEvent {
 	t.Helper()
-	rows, err := e.sqlDB.Query("SELECT aggregate_id, event_type, CAST(payload AS TEXT), CAST(headers AS TEXT) FROM outbox_events ORDER BY id")
+	rows, err := e.sqlDB.Query("SELECT aggregate_id, event_type, payload, headers FROM outbox_events ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}

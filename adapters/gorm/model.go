@@ -20,9 +20,10 @@ import (
 // Plugin and Enqueue write rows with the dialect's INSERT, not through it.
 //
 // The model is the default table (dialect.DefaultTable) on PostgreSQL. For
-// another table name or SQLite, whose timestamps are fixed-format text a
-// GORM tag cannot declare portably, use AutoMigrate, which runs the SQL
-// migrations in those cases.
+// another table name, MySQL or SQLite, whose types and indexes GORM tags
+// cannot declare portably (no partial indexes on MySQL; fixed-format text
+// timestamps on SQLite), use AutoMigrate, which runs the SQL migrations in
+// those cases. Reading rows through the model works on every database.
 type OutboxEvent struct {
 	// ID is Event.Seq (BIGSERIAL), also a column of the claim, dead-letter
 	// and ordered-mode indexes.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -137,5 +138,92 @@ func TestAutoMigrateSQLiteAndCustomTable(t *testing.T) {
 	}
 	if err := gormoutbox.AutoMigrate(db, gormoutbox.MigrateOptions{Table: "bad name"}); err == nil {
 		t.Fatal("AutoMigrate accepted an invalid table name")
+	}
+}
+
+// mysqlSchema describes the tables of the database behind db from
+// information_schema: every column with its type, nullability and default,
+// and every index with its columns in order.
+func mysqlSchema(t *testing.T, db *sql.DB) []string {
+	t.Helper()
+	var out []string
+	rows, err := db.Query(`SELECT table_name, column_name, column_type, is_nullable, COALESCE(column_default, ''), collation_name IS NULL
+		FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name <> 'orders' ORDER BY table_name, ordinal_position`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var table, name, typ, null, def string
+		var noCollation bool
+		if err := rows.Scan(&table, &name, &typ, &null, &def, &noCollation); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%s.%s %s null=%s default=%s", table, name, typ, null, def))
+	}
+	rows.Close()
+	rows, err = db.Query(`SELECT table_name, index_name, GROUP_CONCAT(column_name ORDER BY seq_in_index), MIN(non_unique)
+		FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name <> 'orders'
+		GROUP BY table_name, index_name ORDER BY table_name, index_name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var table, name, cols string
+		var nonUnique int
+		if err := rows.Scan(&table, &name, &cols, &nonUnique); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%s index %s (%s) unique=%v", table, name, cols, nonUnique == 0))
+	}
+	rows.Close()
+	return out
+}
+
+// On MySQL and MariaDB, AutoMigrate creates exactly the schema of the SQL
+// migrations (it runs them: the GORM model's PostgreSQL types and partial
+// indexes have no MySQL form), next to the application's own AutoMigrate,
+// and again without change.
+func TestAutoMigrateMatchesSQLMigrationOnMySQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	viaSQL := testenv.OpenMySQL(t)
+	if err := dialect.Migrate(ctx, viaSQL, dialect.MySQL, dialect.MigrateOptions{Logger: discardLogger()}); err != nil {
+		t.Fatal(err)
+	}
+	viaGORM := testenv.OpenMySQL(t, "parseTime=true")
+	db, err := gorm.Open(mysql.New(mysql.Config{Conn: viaGORM}), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.AutoMigrate(&order{}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := gormoutbox.AutoMigrate(db, gormoutbox.MigrateOptions{Inbox: true, Logger: discardLogger()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, got := mysqlSchema(t, viaSQL), mysqlSchema(t, viaGORM)
+	if len(want) < 20 {
+		t.Fatalf("the SQL migration's schema has %d entries: %v", len(want), want)
+	}
+	if !slices.Equal(want, got) {
+		t.Fatalf("AutoMigrate's schema differs from the SQL migration's:\n--- SQL\n  %s\n--- AutoMigrate\n  %s",
+			strings.Join(want, "\n  "), strings.Join(got, "\n  "))
+	}
+	t.Logf("schema:\n  %s", strings.Join(want, "\n  "))
+	// The rows GORM writes read back through the model.
+	if err := db.Use(gormoutbox.Plugin{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Create(&order{BuyerID: "b", Total: 7}).Error; err != nil {
+		t.Fatal(err)
+	}
+	var rows []gormoutbox.OutboxEvent
+	if err := db.Order("id").Find(&rows).Error; err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].EventType != "order.create" || rows[0].CreatedAt.IsZero() || rows[0].CreatedAt.Location() != time.UTC {
+		t.Fatalf("rows read through the model: %+v", rows)
 	}
 }

@@ -1,5 +1,5 @@
 // Package sqlxoutbox is txoutbox's storage adapter for database/sql and
-// github.com/jmoiron/sqlx, on PostgreSQL and SQLite.
+// github.com/jmoiron/sqlx, on PostgreSQL, MySQL/MariaDB and SQLite.
 //
 // An Outbox writes events in the caller's transaction (Enqueue) and is the
 // core.Store the relay claims them from. It also reads Stats, deletes old
@@ -15,6 +15,18 @@
 // against one table; a crashed relay's locks go with its connection. Each
 // relay worker holds one pooled connection while it publishes a batch: size
 // the pool for the producers plus the relay's Concurrency.
+//
+// # MySQL and MariaDB
+//
+// Use github.com/go-sql-driver/mysql (driver name "mysql"), MySQL 8.0.13 or
+// later, or MariaDB 10.6 or later, with InnoDB tables. A claim is a READ
+// COMMITTED transaction holding SELECT ... FOR UPDATE SKIP LOCKED row locks
+// until its outcome is written, as on PostgreSQL, so that several relays
+// share one table; it marks its events in one UPDATE when the batch is
+// done (MySQL has no UPDATE ... RETURNING to mark as it claims). Enqueue
+// reads the assigned Seqs back with a second statement. interpolateParams=true
+// in the DSN saves a round trip per statement (the driver otherwise
+// prepares each one). See docs/mysql.md.
 //
 // # SQLite
 //

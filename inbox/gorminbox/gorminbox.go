@@ -35,7 +35,7 @@ type Options struct {
 	Table string
 }
 
-// Inbox is a core.Inbox on GORM, for PostgreSQL and SQLite. It also deletes
+// Inbox is a core.Inbox on GORM, for PostgreSQL, MySQL/MariaDB and SQLite. It also deletes
 // old records (DeleteProcessed) for inbox.Cleanup.
 type Inbox struct {
 	db *gorm.DB

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -33,6 +34,9 @@ func openGorm(t *testing.T, name string) (*gorm.DB, *sql.DB, dialect.Dialect) {
 	case "postgres":
 		sqlDB = testenv.OpenPostgres(t)
 		dl, d = postgres.New(postgres.Config{Conn: sqlDB}), dialect.Postgres
+	case "mariadb":
+		sqlDB = testenv.OpenMySQL(t, "parseTime=true")
+		dl, d = mysql.New(mysql.Config{Conn: sqlDB}), dialect.MySQL
 	case "sqlite":
 		var err error
 		dsn := "file:" + filepath.Join(t.TempDir(), "inbox.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
@@ -62,7 +66,7 @@ func newFixture(t *testing.T, name string) *outboxtest.InboxFixture {
 }
 
 func TestConformance(t *testing.T) {
-	for _, name := range []string{"postgres", "sqlite"} {
+	for _, name := range []string{"postgres", "sqlite", "mariadb"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			outboxtest.RunInbox(t, func(t *testing.T) *outboxtest.InboxFixture { return newFixture(t, name) })

@@ -74,7 +74,8 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Inbox is a core.Inbox on database/sql, for PostgreSQL and SQLite. It also
+// Inbox is a core.Inbox on database/sql, for PostgreSQL, MySQL/MariaDB and
+// SQLite. It also
 // deletes old records (DeleteProcessed) for inbox.Cleanup.
 type Inbox struct {
 	db     DB

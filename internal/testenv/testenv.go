@@ -75,10 +75,19 @@ func MySQLDSN(t testing.TB) string {
 }
 
 // OpenMySQL opens a fresh MariaDB database (see MySQLDSN), its pool capped
-// at MaxOpenConns, and closes it when the test ends.
-func OpenMySQL(t testing.TB) *sql.DB {
+// at MaxOpenConns, and closes it when the test ends. params are driver
+// parameters to add to the DSN, such as "parseTime=true" for GORM.
+func OpenMySQL(t testing.TB, params ...string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("mysql", MySQLDSN(t))
+	dsn := MySQLDSN(t)
+	for i, p := range params {
+		if i == 0 && !strings.Contains(dsn, "?") {
+			dsn += "?" + p
+		} else {
+			dsn += "&" + p
+		}
+	}
+	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatalf("open mysql: %v", err)
 	}
