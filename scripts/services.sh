@@ -140,7 +140,7 @@ CONF
 	done
 	# Tests connect over TCP as a user that may create and drop their
 	# throwaway databases.
-	mariadb --socket="$sock" -uroot -e "CREATE USER IF NOT EXISTS 'txoutbox'@'127.0.0.1' IDENTIFIED BY 'txoutbox';
+	mariadb --socket="$sock" -uroot -e "CREATE USER IF NOT EXISTS 'txoutbox'@'127.0.0.1' IDENTIFIED BY 'test-pw';
 GRANT ALL PRIVILEGES ON *.* TO 'txoutbox'@'127.0.0.1' WITH GRANT OPTION;" >&2
 	log "mariadb $(mariadb --socket="$sock" -uroot -N -e 'SELECT VERSION()') up on 127.0.0.1:$MARIADB_PORT"
 }
@@ -275,7 +275,7 @@ stop_goaws() {
 write_env() {
 	cat >"$SVC/env" <<ENV
 export TXOUTBOX_PG_DSN='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
-export TXOUTBOX_MYSQL_DSN='mysql://txoutbox:txoutbox@127.0.0.1:$MARIADB_PORT/'
+export TXOUTBOX_MYSQL_DSN='mysql://txoutbox:test-pw@127.0.0.1:$MARIADB_PORT/'
 export TXOUTBOX_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
 export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBIT_NODE'
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
@@ -267,6 +269,63 @@ func TestSQLite(t *testing.T) {
 	r = ok(t, dsn, "cleanup", "--retention", "1ns")
 	if !strings.Contains(r.stdout, "deleted 5 published event(s)") {
 		t.Fatalf("cleanup on SQLite: %s", r.stdout)
+	}
+}
+
+// The CLI on MariaDB, from a mysql:// URL and from the driver's own DSN:
+// migrate, stats, relay (with several workers), dead letters, replay and
+// cleanup.
+func TestMySQL(t *testing.T) {
+	t.Parallel()
+	driverDSN := testenv.MySQLDSN(t)
+	cfg, err := mysqldsn.Config(driverDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	urlDSN := "mysql://" + url.UserPassword(cfg.User, cfg.Passwd).String() + "@" + cfg.Addr + "/" + cfg.DBName
+	ok(t, urlDSN, "migrate")
+	ok(t, driverDSN, "migrate") // idempotent, either form
+	db, err := sql.Open("mysql", driverDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{dsn: urlDSN, db: db, ob: ob}
+	evs := f.enqueue(t, "order.created", "1", 4)
+	f.enqueue(t, "order.paid", "1", 1)
+
+	r := ok(t, urlDSN, "stats", "--format", "json")
+	var s statsJSON
+	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil || s.Pending != 5 || s.ByType["order.created"].Pending != 4 {
+		t.Fatalf("stats on MariaDB: %v\n%s", err, r.stdout)
+	}
+	r = ok(t, driverDSN, "relay", "--broker", "log://?fail_types=order.paid", "--max-attempts", "1", "--drain", "--http-addr", "", "--concurrency", "4")
+	if got := sinkIDs(t, r.stdout); len(got) != len(evs) {
+		t.Fatalf("relay on MariaDB published %d, want %d", len(got), len(evs))
+	}
+	r = ok(t, urlDSN, "dead", "list", "--format", "json")
+	var dead []deadJSON
+	if err := json.Unmarshal([]byte(r.stdout), &dead); err != nil || len(dead) != 1 || dead[0].EventType != "order.paid" {
+		t.Fatalf("dead list on MariaDB: %v\n%s", err, r.stdout)
+	}
+	ok(t, urlDSN, "dead", "retry", "--all")
+	ok(t, urlDSN, "replay", "--type", "order.created")
+	r = ok(t, urlDSN, "relay", "--broker", "log://", "--drain", "--http-addr", "")
+	if got := sinkIDs(t, r.stdout); len(got) != len(evs)+1 {
+		t.Fatalf("after retry and replay the relay published %d, want %d", len(got), len(evs)+1)
+	}
+	r = ok(t, urlDSN, "cleanup", "--retention", "1ns")
+	if !strings.Contains(r.stdout, "deleted 5 published event(s)") {
+		t.Fatalf("cleanup on MariaDB: %s", r.stdout)
+	}
+	// A database that was never migrated stops at once, naming the fix.
+	r = run(t, "", nil, "stats", "--dsn", testenv.MySQLDSN(t))
+	if r.code == 0 || !strings.Contains(r.stderr, "run 'txoutbox migrate'") {
+		t.Fatalf("stats on an empty MariaDB database: exit %d\n%s", r.code, r.stderr)
 	}
 }
 
