@@ -130,7 +130,7 @@ event.`,
 	_ = f.MarkDeprecated("ordered", "ordered mode's schema is now part of the default migrations; drop the flag")
 	f.BoolVar(&partitioned, "partitioned", false, "PostgreSQL: partition the outbox table by day (retention drops partitions)")
 	f.IntVar(&ahead, "partitions-ahead", dialect.DefaultPartitionsAhead, "with --partitioned: daily partitions kept created ahead, today included")
-	f.StringVar(&dialectName, "dialect", "", "with --print: postgres or sqlite (default: from --dsn, else postgres)")
+	f.StringVar(&dialectName, "dialect", "", "with --print: postgres, mysql or sqlite (default: from --dsn, else postgres)")
 	return cmd
 }
 
