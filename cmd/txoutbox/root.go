@@ -144,7 +144,7 @@ no variable, on purpose: what a command touches is said on its command line.`,
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.dsn, "dsn", "", "database URL: postgres://user:pass@host:5432/db?sslmode=disable, or sqlite:path/to/file.db")
+	pf.StringVar(&a.dsn, "dsn", "", "database URL: postgres://user:pass@host:5432/db?sslmode=disable, mysql://user:pass@host:3306/db, or sqlite:path/to/file.db")
 	pf.StringVar(&a.table, "table", "outbox_events", "outbox table name (optionally schema.table)")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	pf.StringVar(&a.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
