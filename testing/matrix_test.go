@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jmoiron/sqlx"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -32,7 +33,7 @@ import (
 )
 
 // TestMatrix runs the exactly-once suite over every store × broker × inbox
-// this repository ships (SNS runs the end-to-end suites in brokers/sns,
+// this repository ships, on PostgreSQL, MariaDB and SQLite (SNS runs the end-to-end suites in brokers/sns,
 // whose SQS reader lives in its tests): a producer on the store, the real
 // relay through a faulty, duplicating publisher, the broker, and two
 // consumers of one group deduplicating through the inbox.
@@ -53,6 +54,10 @@ func TestMatrix(t *testing.T) {
 		{"PGX", func(t *testing.T) *outboxtest.StoreFixture {
 			return fixtures.PGXPostgres(t, fixtures.Options{SkipInbox: true})
 		}},
+		{"SQLXMariaDB", func(t *testing.T) *outboxtest.StoreFixture {
+			return fixtures.SQLXMySQL(t, fixtures.Options{SkipInbox: true})
+		}},
+		{"GORMMariaDB", func(t *testing.T) *outboxtest.StoreFixture { return gormStore(t, openGORMMySQL(t), dialect.MySQL) }},
 	}
 	brokers := []struct {
 		name string
@@ -72,6 +77,7 @@ func TestMatrix(t *testing.T) {
 		{"SQLSQLite", func(t *testing.T) *outboxtest.InboxFixture { return sqlInbox(t, openSQLite(t), dialect.SQLite) }},
 		{"GORMPostgres", func(t *testing.T) *outboxtest.InboxFixture { return gormInbox(t, openGORM(t, true)) }},
 		{"PGX", func(t *testing.T) *outboxtest.InboxFixture { return fixtures.PGXInbox(t) }},
+		{"SQLMariaDB", func(t *testing.T) *outboxtest.InboxFixture { return sqlInbox(t, testenv.OpenMySQL(t), dialect.MySQL) }},
 	}
 	for _, s := range stores {
 		for _, b := range brokers {
@@ -109,6 +115,16 @@ func openGORM(t *testing.T, pg bool) *gorm.DB {
 	return db
 }
 
+// openGORMMySQL opens GORM on a fresh MariaDB database.
+func openGORMMySQL(t *testing.T) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(mysql.New(mysql.Config{Conn: testenv.OpenMySQL(t, "parseTime=true")}), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
 func gormStore(t *testing.T, db *gorm.DB, d dialect.Dialect) *outboxtest.StoreFixture {
 	t.Helper()
 	if err := gormoutbox.AutoMigrate(db, gormoutbox.MigrateOptions{Logger: quiet}); err != nil {
@@ -128,7 +144,7 @@ func sqlInbox(t *testing.T, db *sql.DB, d dialect.Dialect) *outboxtest.InboxFixt
 	if _, err := db.ExecContext(t.Context(), fixtures.EffectsDDL); err != nil {
 		t.Fatal(err)
 	}
-	xdb := sqlx.NewDb(db, map[bool]string{true: "pgx", false: "sqlite"}[d == dialect.Postgres])
+	xdb := sqlx.NewDb(db, map[dialect.Dialect]string{dialect.Postgres: "pgx", dialect.SQLite: "sqlite", dialect.MySQL: "mysql"}[d])
 	ib, err := sqlinbox.New(xdb, sqlinbox.Options{Dialect: d, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -35,6 +35,13 @@ func TestEndToEndPostgres(t *testing.T) {
 	outboxtest.RunEndToEnd(t, newStore, newBroker)
 }
 
+// The real relay from MariaDB through RabbitMQ to a subscriber.
+func TestEndToEndMariaDB(t *testing.T) {
+	outboxtest.RunEndToEnd(t, func(t *testing.T) *outboxtest.StoreFixture {
+		return fixtures.SQLXMySQL(t, fixtures.Options{Logger: quiet})
+	}, newBroker)
+}
+
 // Events enqueued while RabbitMQ is down stay in the PostgreSQL outbox with
 // growing attempts and last_error, and all arrive once it is back.
 func TestOutageEndToEndPostgres(t *testing.T) {
