@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/ordered"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -50,17 +52,43 @@ func TestOutageChaosOrdered(t *testing.T) {
 	if os.Getenv("TXOUTBOX_SOAK") != "" {
 		numEvents, numAggs, budget = 1_000_000, 10_000, 40*time.Minute
 	}
+	chaosOrdered(t, dialect.Postgres, testenv.PostgresDSN(t), numEvents, numAggs, budget)
+}
+
+// TestOutageChaosOrderedMariaDB is the chaos test on MariaDB, smaller: the
+// same relays, kills, broker restart and checks, on a fifth of the load.
+func TestOutageChaosOrderedMariaDB(t *testing.T) {
+	numEvents, numAggs := 20_000, 200
+	budget := 3 * time.Minute
+	if os.Getenv("TXOUTBOX_SOAK") != "" {
+		numEvents, numAggs, budget = 200_000, 2_000, 20*time.Minute
+	}
+	chaosOrdered(t, dialect.MySQL, testenv.MySQLDSN(t), numEvents, numAggs, budget)
+}
+
+// chaosDriver is the database/sql driver of a dialect of the chaos test.
+func chaosDriver(d dialect.Dialect) string {
+	if d == dialect.MySQL {
+		return "mysql"
+	}
+	return "pgx"
+}
+
+func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAggs int, budget time.Duration) {
 	amqpURL := testenv.AMQPURL(t)
 	testenv.Env(t, "TXOUTBOX_RABBITMQCTL")
-	dsn := testenv.PostgresDSN(t)
-	db, err := sql.Open("pgx", dsn)
+	db, err := sql.Open(chaosDriver(d), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	ctx := context.Background()
 	mopts := dialect.MigrateOptions{SkipInbox: true, Logger: slog.New(slog.DiscardHandler)}
-	if err := dialect.Migrate(ctx, db, dialect.Postgres, mopts); err != nil {
+	if err := dialect.Migrate(ctx, db, d, mopts); err != nil {
+		t.Fatal(err)
+	}
+	leases, err := ordered.NewLeaser(db, d, ordered.LeaserOptions{PartitionCount: chaosPartitions, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
 		t.Fatal(err)
 	}
 	bin := buildChaosRelay(t)
@@ -98,7 +126,8 @@ func TestOutageChaosOrdered(t *testing.T) {
 		}
 		r := &chaosRelay{slot: slot, gen: gen, owner: fmt.Sprintf("relay%d-gen%d", slot, gen), done: make(chan struct{})}
 		r.start(t, bin, logDir, map[string]string{
-			"CHAOS_PG_DSN":               dsn,
+			"CHAOS_DIALECT":              d.Name(),
+			"CHAOS_DSN":                  dsn,
 			"CHAOS_AMQP_URL":             amqpURL,
 			"CHAOS_CONSUMER":             consumer,
 			"CHAOS_OWNER":                r.owner,
@@ -127,7 +156,7 @@ func TestOutageChaosOrdered(t *testing.T) {
 	var produced atomic.Int64
 	prodErr := make(chan error, 1)
 	go func() {
-		q, err := dialect.Postgres.Queries("")
+		q, err := d.Queries("")
 		if err != nil {
 			prodErr <- err
 			return
@@ -201,7 +230,7 @@ func TestOutageChaosOrdered(t *testing.T) {
 			}
 			if len(alive) >= 2 {
 				victim := relays[alive[rng.IntN(len(alive))]]
-				held := heldBy(t, db, victim.owner)
+				held := heldBy(t, leases, victim.owner)
 				victim.stop(syscall.SIGKILL)
 				killedAt := time.Now()
 				kills++
@@ -210,9 +239,9 @@ func TestOutageChaosOrdered(t *testing.T) {
 					fwg.Add(1)
 					go func() {
 						defer fwg.Done()
-						d := waitTakeover(db, victim.owner, held, killedAt, 30*time.Second)
+						took := waitTakeover(leases, victim.owner, held, killedAt, 30*time.Second)
 						fmu.Lock()
-						failovers = append(failovers, d)
+						failovers = append(failovers, took)
 						fmu.Unlock()
 					}()
 				}
@@ -393,20 +422,17 @@ func dumpLogs(t *testing.T, dir string) {
 }
 
 // heldBy returns the partitions owner holds live leases on.
-func heldBy(t *testing.T, db *sql.DB, owner string) []int {
+func heldBy(t *testing.T, leases *ordered.Leaser, owner string) []int {
 	t.Helper()
-	rows, err := db.Query("SELECT partition FROM txoutbox_leases WHERE relay_group = 'outbox_events' AND owner = $1 AND expires_at > now()", owner)
+	all, err := leases.Leases(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
 	var ps []int
-	for rows.Next() {
-		var p int
-		if err := rows.Scan(&p); err != nil {
-			t.Fatal(err)
+	for _, le := range all {
+		if le.Owner == owner && le.Live {
+			ps = append(ps, le.Partition)
 		}
-		ps = append(ps, p)
 	}
 	return ps
 }
@@ -414,13 +440,15 @@ func heldBy(t *testing.T, db *sql.DB, owner string) []int {
 // waitTakeover waits until every partition of held is leased, live, to a
 // relay other than owner, and returns how long after since that took (limit
 // if it did not happen by then).
-func waitTakeover(db *sql.DB, owner string, held []int, since time.Time, limit time.Duration) time.Duration {
-	arr := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(held)), ","), "[]")
+func waitTakeover(leases *ordered.Leaser, owner string, held []int, since time.Time, limit time.Duration) time.Duration {
 	for time.Since(since) < limit {
-		var waiting int
-		err := db.QueryRow("SELECT count(*) FROM txoutbox_leases WHERE relay_group = 'outbox_events'"+
-			" AND partition = ANY(CAST($1 AS int[])) AND (owner IS NULL OR owner = $2 OR expires_at <= now())",
-			"{"+arr+"}", owner).Scan(&waiting)
+		all, err := leases.Leases(context.Background())
+		waiting := 0
+		for _, le := range all {
+			if slices.Contains(held, le.Partition) && (!le.Live || le.Owner == owner) {
+				waiting++
+			}
+		}
 		if err == nil && waiting == 0 {
 			return time.Since(since)
 		}

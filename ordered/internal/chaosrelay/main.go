@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
@@ -69,7 +70,15 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	db, err := sql.Open("pgx", env("CHAOS_PG_DSN"))
+	d, err := dialect.ByName(env("CHAOS_DIALECT"))
+	if err != nil {
+		return err
+	}
+	driver := "pgx"
+	if d == dialect.MySQL {
+		driver = "mysql"
+	}
+	db, err := sql.Open(driver, env("CHAOS_DSN"))
 	if err != nil {
 		return err
 	}
@@ -91,7 +100,7 @@ func run() error {
 
 	var outMu sync.Mutex
 	ttl := time.Duration(envInt("CHAOS_LEASE_TTL_MS")) * time.Millisecond
-	leaser, err := ordered.NewLeaser(db, dialect.Postgres, ordered.LeaserOptions{
+	leaser, err := ordered.NewLeaser(db, d, ordered.LeaserOptions{
 		Owner:          owner,
 		PartitionCount: envInt("CHAOS_PARTITIONS"),
 		LeaseTTL:       ttl,
@@ -109,7 +118,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	store, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: dialect.Postgres, Logger: log})
+	store, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: d, Logger: log})
 	if err != nil {
 		return err
 	}
