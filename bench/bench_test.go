@@ -24,6 +24,7 @@ var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 func TestQuickRun(t *testing.T) {
 	c := defaults(true)
 	c.DSN = testenv.Env(t, "TXOUTBOX_PG_DSN")
+	c.MySQLDSN = testenv.Env(t, "TXOUTBOX_MYSQL_DSN")
 	// Smaller still than -quick: the test proves the command works, and
 	// the machine is shared with other tests.
 	c.Backlog, c.WatermillMsgs, c.Retained, c.Pending, c.ClaimSamples = 2_000, 500, 5_000, 500, 20
@@ -48,6 +49,7 @@ func TestQuickRun(t *testing.T) {
 		"| d  producer tx/s with a relay draining beside, debounced NOTIFY", "| d' producer tx/s with pg_notify",
 		"| e  claim latency p50", "| e  claim latency p99",
 		"| f  producer tx/s, Enqueue in a pgx.Tx", "| f' producer tx/s, ExecWithEvents in a pgx.Tx", "| f  relay drain on the pgxpool store",
+		"| m  MariaDB relay drain", "| m' MariaDB producer tx/s with the outbox row (Enqueue", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
 	}
 	var got []string
 	for _, l := range lines[2:] {

@@ -31,6 +31,8 @@ type bench struct {
 	db      *sql.DB
 	server  string
 	machine string
+	// mysqlServer is the MySQL server's version, once scenario m ran.
+	mysqlServer string
 }
 
 func newBench(ctx context.Context, c config, log *slog.Logger) (*bench, error) {

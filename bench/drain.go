@@ -75,7 +75,7 @@ func (b *bench) drain(ctx context.Context) (drainResult, error) {
 		{name: "raw_sync", batch: func() (int, error) { return rawDrain(ctx, conn, rawClaim, 1) }},
 		{name: "textbook", batch: func() (int, error) { return textbookDrain(ctx, conn) }},
 	}
-	if err := b.takeTurns(ctx, "drain", drainTable, sides); err != nil {
+	if err := b.takeTurns(ctx, "drain", b.filler(drainTable), sides); err != nil {
 		return res, err
 	}
 	res.raw, res.relay, res.relaySync, res.rawSync, res.textbook = sides[0].rate(), sides[1].rate(), sides[2].rate(), sides[3].rate(), sides[4].rate()
@@ -93,11 +93,16 @@ type drainSide struct {
 // rate is the side's events per second of its own time.
 func (s *drainSide) rate() float64 { return float64(s.events) / s.spent.Seconds() }
 
-// takeTurns fills table with Backlog events and has the sides drain it
+// filler returns the fill of a PostgreSQL table of the bench database.
+func (b *bench) filler(table string) func(ctx context.Context, n int) error {
+	return func(ctx context.Context, n int) error { return b.fill(ctx, table, n) }
+}
+
+// takeTurns fills the table with Backlog events and has the sides drain it
 // batch by batch, taking turns, once per round.
-func (b *bench) takeTurns(ctx context.Context, what, table string, sides []drainSide) error {
+func (b *bench) takeTurns(ctx context.Context, what string, fill func(ctx context.Context, n int) error, sides []drainSide) error {
 	for round := range b.c.Rounds {
-		if err := b.fill(ctx, table, b.c.Backlog); err != nil {
+		if err := fill(ctx, b.c.Backlog); err != nil {
 			return err
 		}
 		total := 0

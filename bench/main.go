@@ -21,6 +21,9 @@
 //	f  the pgx adapter against the sqlx adapter: producer tx/s with Enqueue
 //	   and ExecWithEvents in a pgx.Tx against a *sql.Tx, and relay drain on
 //	   the pgxpool store against the sqlx store
+//	m  MySQL/MariaDB (-mysql-dsn, default $TXOUTBOX_MYSQL_DSN): relay drain
+//	   against the same claim and mark statements by hand, and producer tx/s
+//	   with the outbox row against without
 //
 // With -v the command logs its progress to stderr; BENCH_DEBUG=1 also logs
 // every event of scenario c slower than a quarter of the poll interval.
@@ -49,6 +52,9 @@ type config struct {
 	Keep   bool
 	Only   string // scenario letters to run, "" = all
 	Rounds int
+	// MySQLDSN is the MySQL or MariaDB server of scenario m (a mysql://
+	// URL or the driver's DSN, a user that may CREATE DATABASE).
+	MySQLDSN string
 
 	Backlog        int           // a: events drained per run
 	WatermillMsgs  int           // b: messages forwarded
@@ -99,7 +105,8 @@ func main() {
 	quick := flag.Bool("quick", false, "smaller sizes (about a minute)")
 	dsn := flag.String("dsn", os.Getenv("TXOUTBOX_PG_DSN"), "PostgreSQL DSN allowed to CREATE DATABASE (default $TXOUTBOX_PG_DSN)")
 	keep := flag.Bool("keep", false, "keep the benchmark database")
-	only := flag.String("only", "", "run only these scenarios, e.g. ac (default all of abcdef)")
+	only := flag.String("only", "", "run only these scenarios, e.g. ac (default all of abcdefm; m needs -mysql-dsn)")
+	mysqlDSN := flag.String("mysql-dsn", os.Getenv("TXOUTBOX_MYSQL_DSN"), "m: MySQL/MariaDB server allowed to CREATE DATABASE (default $TXOUTBOX_MYSQL_DSN)")
 	rounds := flag.Int("rounds", 0, "repetitions of each throughput measurement (default 2, 1 with -quick)")
 	backlog := flag.Int("backlog", 0, "a: backlog size (default 200000)")
 	retained := flag.Int("retained", 0, "e: published rows retained (default 5000000)")
@@ -108,7 +115,7 @@ func main() {
 	flag.Parse()
 
 	c := defaults(*quick)
-	c.DSN, c.Keep, c.Only, c.Cooldown = *dsn, *keep, *only, *cooldown
+	c.DSN, c.Keep, c.Only, c.Cooldown, c.MySQLDSN = *dsn, *keep, *only, *cooldown, *mysqlDSN
 	if *rounds > 0 {
 		c.Rounds = *rounds
 	}
@@ -208,8 +215,26 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (err er
 		}
 		rows = append(rows, r...)
 	}
+	if want("m") {
+		if c.MySQLDSN == "" {
+			if c.Only != "" {
+				return fmt.Errorf("scenario m: no MySQL server: pass -mysql-dsn or set TXOUTBOX_MYSQL_DSN")
+			}
+			log.Warn("scenario m skipped: no MySQL server (pass -mysql-dsn or set TXOUTBOX_MYSQL_DSN)")
+		} else {
+			r, err := b.mysqlScenario(ctx)
+			if err != nil {
+				return fmt.Errorf("scenario m: %w", err)
+			}
+			rows = append(rows, r...)
+		}
+	}
 	printTable(out, rows)
-	fmt.Fprintf(out, "\n%s; PostgreSQL %s; %d rounds; took %s\n", b.machine, b.server, c.Rounds, time.Since(start).Round(time.Second))
+	server := "PostgreSQL " + b.server
+	if b.mysqlServer != "" {
+		server += "; MySQL server " + b.mysqlServer
+	}
+	fmt.Fprintf(out, "\n%s; %s; %d rounds; took %s\n", b.machine, server, c.Rounds, time.Since(start).Round(time.Second))
 	return nil
 }
 

@@ -95,7 +95,7 @@ func (b *bench) pgxScenario(ctx context.Context) ([]row, error) {
 		return nil, err
 	}
 	sides := []drainSide{{name: "sqlx", batch: sqlBatch}, {name: "pgx", batch: pgxBatch}}
-	if err := b.takeTurns(ctx, "pgx drain", pgxDrainTable, sides); err != nil {
+	if err := b.takeTurns(ctx, "pgx drain", b.filler(pgxDrainTable), sides); err != nil {
 		return nil, err
 	}
 	clients := fmt.Sprintf("%d clients", b.c.Producers)
