@@ -6,6 +6,7 @@
 //
 //	go run ./examples/gorm-orders                      # SQLite in ./gorm-orders.db
 //	go run ./examples/gorm-orders -dsn 'postgres://...' # PostgreSQL
+//	go run ./examples/gorm-orders -dsn 'mysql://...'    # MySQL 8 or MariaDB 10.6+
 //	curl -s -XPOST localhost:8080/orders -d '{"buyer_id":"b-42","total":1999}'
 package main
 
@@ -18,15 +19,19 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/go-sql-driver/mysql"
+	gormmysql "gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -74,7 +79,7 @@ func (o *Order) OutboxEvents(op gormoutbox.Op) ([]core.Event, error) {
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "HTTP listen address")
-	dsn := flag.String("dsn", "", "PostgreSQL DSN (postgres://...); empty uses SQLite")
+	dsn := flag.String("dsn", "", "PostgreSQL (postgres://...) or MySQL/MariaDB (mysql://user:pass@host:3306/db) URL; empty uses SQLite")
 	file := flag.String("sqlite", "gorm-orders.db", "SQLite database file, when -dsn is empty")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -119,14 +124,22 @@ type app struct {
 	log    *slog.Logger
 }
 
-// newApp opens and migrates the database (PostgreSQL for a non-empty dsn,
-// else SQLite in file) and wires the plugin, the store and the relay.
+// newApp opens and migrates the database (PostgreSQL or MySQL for a
+// non-empty dsn, else SQLite in file) and wires the plugin, the store and
+// the relay.
 func newApp(ctx context.Context, dsn, file string, log *slog.Logger) (*app, error) {
 	gcfg := &gorm.Config{Logger: logger.Discard}
 	var dialector gorm.Dialector
-	if dsn != "" {
+	switch {
+	case strings.HasPrefix(dsn, "mysql://"):
+		cfg, err := mysqlConfig(dsn)
+		if err != nil {
+			return nil, err
+		}
+		dialector = gormmysql.Open(cfg.FormatDSN())
+	case dsn != "":
 		dialector = postgres.Open(dsn)
-	} else {
+	default:
 		// modernc.org/sqlite (pure Go) under GORM's SQLite dialector: WAL
 		// and immediate transactions let the HTTP handlers and the relay
 		// queue for SQLite's single writer instead of failing.
@@ -229,4 +242,22 @@ func (a *app) logPublished(ctx context.Context) {
 // subscribe is for tests: the messages of one topic.
 func (a *app) subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	return a.broker.Subscribe(ctx, topic)
+}
+
+// mysqlConfig turns mysql://user:pass@host:port/db?params into the
+// driver's configuration, with parseTime on: GORM needs it to read
+// DATETIME columns into time.Time.
+func mysqlConfig(rawURL string) (*mysql.Config, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, errors.New("the MySQL URL does not parse") // its error would quote the password
+	}
+	cfg, err := mysql.ParseDSN("tcp(" + u.Host + ")" + u.Path + "?" + u.RawQuery)
+	if err != nil {
+		return nil, err
+	}
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	cfg.ParseTime = true
+	return cfg, nil
 }

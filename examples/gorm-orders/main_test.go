@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net/url"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/txoutbox/txoutbox/core"
+
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
@@ -26,6 +30,15 @@ func TestOrdersServiceSQLite(t *testing.T) {
 func TestOrdersServicePostgres(t *testing.T) {
 	t.Parallel()
 	testService(t, testenv.PostgresDSN(t), "")
+}
+
+func TestOrdersServiceMariaDB(t *testing.T) {
+	t.Parallel()
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testService(t, "mysql://"+url.UserPassword(cfg.User, cfg.Passwd).String()+"@"+cfg.Addr+"/"+cfg.DBName, "")
 }
 
 // testService runs the service, creates orders over HTTP and waits for

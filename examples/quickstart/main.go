@@ -4,14 +4,17 @@
 // publisher that fails some publishes, and a subscriber counts what arrives.
 //
 //	go run ./examples/quickstart
+//	go run ./examples/quickstart -dsn 'mysql://user:pass@127.0.0.1:3306/shop'  # MySQL 8 or MariaDB 10.6+
 package main
 
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -19,6 +22,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/go-sql-driver/mysql"
 	_ "modernc.org/sqlite"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
@@ -33,8 +37,9 @@ func main() {
 	failRate := flag.Float64("fail-rate", 0.3, "fraction of publishes the flaky publisher refuses")
 	lostAckRate := flag.Float64("lost-ack-rate", 0.1, "fraction of publishes delivered but reported failed (they come back as duplicates)")
 	verbose := flag.Bool("v", false, "log every retry")
+	dsn := flag.String("dsn", "", "a MySQL or MariaDB database (mysql://user:pass@host:3306/db) instead of a temporary SQLite file")
 	flag.Parse()
-	sum, err := run(*orders, *failRate, *lostAckRate, *verbose)
+	sum, err := run(*dsn, *orders, *failRate, *lostAckRate, *verbose)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
@@ -55,7 +60,7 @@ type summary struct {
 	RolledBackDelivered           int
 }
 
-func run(orders int, failRate, lostAckRate float64, verbose bool) (summary, error) {
+func run(mysqlURL string, orders int, failRate, lostAckRate float64, verbose bool) (summary, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	level := slog.LevelError
@@ -65,22 +70,21 @@ func run(orders int, failRate, lostAckRate float64, verbose bool) (summary, erro
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
 	// 1. A database: SQLite in a temporary directory, in WAL mode with
-	// immediate transactions so that the producer and the relay queue up.
-	dir, err := os.MkdirTemp("", "txoutbox-quickstart-")
+	// immediate transactions so that the producer and the relay queue up;
+	// or the MySQL/MariaDB database of -dsn.
+	db, d, closeDB, err := openDatabase(mysqlURL)
 	if err != nil {
 		return summary{}, err
 	}
-	defer os.RemoveAll(dir)
-	dsn := "file:" + filepath.Join(dir, "shop.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_txlock=immediate"
-	db, err := sql.Open("sqlite", dsn)
-	if err != nil {
+	defer closeDB()
+	if err := dialect.Migrate(ctx, db, d, dialect.MigrateOptions{Logger: log}); err != nil {
 		return summary{}, err
 	}
-	defer db.Close()
-	if err := dialect.Migrate(ctx, db, dialect.SQLite, dialect.MigrateOptions{Logger: log}); err != nil {
-		return summary{}, err
+	ordersDDL := `CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, buyer TEXT NOT NULL, total_cents INTEGER NOT NULL)`
+	if d == dialect.MySQL {
+		ordersDDL = `CREATE TABLE IF NOT EXISTS orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, buyer VARCHAR(64) NOT NULL, total_cents INTEGER NOT NULL)`
 	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, buyer TEXT NOT NULL, total_cents INTEGER NOT NULL)`); err != nil {
+	if _, err := db.ExecContext(ctx, ordersDDL); err != nil {
 		return summary{}, err
 	}
 
@@ -115,7 +119,7 @@ func run(orders int, failRate, lostAckRate float64, verbose bool) (summary, erro
 	// 4. The outbox and its relay, in the same process: Enqueue wakes the
 	// relay running on the outbox, so events go out without waiting for
 	// the poll interval.
-	outbox, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Logger: log})
+	outbox, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: d, Logger: log})
 	if err != nil {
 		return summary{}, err
 	}
@@ -218,4 +222,37 @@ func createOrder(ctx context.Context, db *sql.DB, outbox *sqlxoutbox.Outbox, i i
 		return evs[0].ID, tx.Rollback()
 	}
 	return evs[0].ID, tx.Commit()
+}
+
+// openDatabase opens a fresh SQLite file in a temporary directory, or the
+// MySQL/MariaDB database of mysqlURL; closeDB closes it (and removes the
+// directory).
+func openDatabase(mysqlURL string) (db *sql.DB, d dialect.Dialect, closeDB func(), err error) {
+	if mysqlURL != "" {
+		u, err := url.Parse(mysqlURL)
+		if err != nil || u.Scheme != "mysql" {
+			return nil, d, nil, errors.New("-dsn: want mysql://user:pass@host:3306/db")
+		}
+		cfg, err := mysql.ParseDSN("tcp(" + u.Host + ")" + u.Path + "?" + u.RawQuery)
+		if err != nil {
+			return nil, d, nil, err
+		}
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+		db, err := sql.Open("mysql", cfg.FormatDSN())
+		if err != nil {
+			return nil, d, nil, err
+		}
+		return db, dialect.MySQL, func() { db.Close() }, nil
+	}
+	dir, err := os.MkdirTemp("", "txoutbox-quickstart-")
+	if err != nil {
+		return nil, d, nil, err
+	}
+	dsn := "file:" + filepath.Join(dir, "shop.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_txlock=immediate"
+	if db, err = sql.Open("sqlite", dsn); err != nil {
+		os.RemoveAll(dir)
+		return nil, d, nil, err
+	}
+	return db, dialect.SQLite, func() { db.Close(); os.RemoveAll(dir) }, nil
 }

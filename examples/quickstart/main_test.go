@@ -1,10 +1,17 @@
 package main
 
-import "testing"
+import (
+	"net/url"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/txoutbox/txoutbox/internal/testenv"
+)
 
 func TestQuickstart(t *testing.T) {
 	t.Parallel()
-	sum, err := run(30, 0.3, 0.2, false)
+	sum, err := run("", 30, 0.3, 0.2, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,5 +26,21 @@ func TestQuickstart(t *testing.T) {
 	}
 	if sum.RolledBackDelivered != 0 {
 		t.Errorf("the rolled-back order's event was delivered %d times", sum.RolledBackDelivered)
+	}
+}
+
+// The quickstart on MariaDB (-dsn mysql://...).
+func TestQuickstartMariaDB(t *testing.T) {
+	t.Parallel()
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := run("mysql://"+url.UserPassword(cfg.User, cfg.Passwd).String()+"@"+cfg.Addr+"/"+cfg.DBName, 30, 0.3, 0.2, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Distinct != 30 || sum.Published != 30 || sum.Pending != 0 || sum.Dead != 0 || sum.RolledBackDelivered != 0 {
+		t.Errorf("summary %+v: want all 30 events published and delivered, nothing pending, the rolled-back one never", sum)
 	}
 }
