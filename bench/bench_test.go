@@ -28,6 +28,7 @@ func TestQuickRun(t *testing.T) {
 	// Smaller still than -quick: the test proves the command works, and
 	// the machine is shared with other tests.
 	c.Backlog, c.WatermillMsgs, c.Retained, c.Pending, c.ClaimSamples = 2_000, 500, 5_000, 500, 20
+	c.MySQLRetained = 4_000
 	c.LatencyFor, c.ProducerFor = c.LatencyFor/4, c.ProducerFor/4
 	var out bytes.Buffer
 	if err := run(context.Background(), c, &out, quietLog); err != nil {
@@ -50,6 +51,7 @@ func TestQuickRun(t *testing.T) {
 		"| e  claim latency p50", "| e  claim latency p99",
 		"| f  producer tx/s, Enqueue in a pgx.Tx", "| f' producer tx/s, ExecWithEvents in a pgx.Tx", "| f  relay drain on the pgxpool store",
 		"| m  MariaDB relay drain", "| m' MariaDB producer tx/s with the outbox row (Enqueue", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
+		"| m  MariaDB claim latency p50", "| m  MariaDB claim latency p99",
 	}
 	var got []string
 	for _, l := range lines[2:] {

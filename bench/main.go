@@ -22,8 +22,9 @@
 //	   and ExecWithEvents in a pgx.Tx against a *sql.Tx, and relay drain on
 //	   the pgxpool store against the sqlx store
 //	m  MySQL/MariaDB (-mysql-dsn, default $TXOUTBOX_MYSQL_DSN): relay drain
-//	   against the same claim and mark statements by hand, and producer tx/s
-//	   with the outbox row against without
+//	   against the same claim and mark statements by hand, producer tx/s
+//	   with the outbox row against without, and claim latency with a million
+//	   published rows retained against an empty table
 //
 // With -v the command logs its progress to stderr; BENCH_DEBUG=1 also logs
 // every event of scenario c slower than a quarter of the poll interval.
@@ -66,6 +67,7 @@ type config struct {
 	Producers      int           // d: concurrent producer connections
 	ProducerFor    time.Duration // d: per run
 	Retained       int           // e: published rows kept
+	MySQLRetained  int           // m: published rows kept (doubled from 1000 up to at least this)
 	Pending        int           // e: due rows the claims find
 	ClaimSamples   int           // e: claims timed per table
 	ClaimBatchSize int
@@ -83,6 +85,7 @@ func defaults(quick bool) config {
 		Producers:      4,
 		ProducerFor:    8 * time.Second,
 		Retained:       5_000_000,
+		MySQLRetained:  1_000_000,
 		Pending:        10_000,
 		ClaimSamples:   400,
 		ClaimBatchSize: 100,
@@ -95,6 +98,7 @@ func defaults(quick bool) config {
 		c.LatencyFor = 2 * time.Second
 		c.ProducerFor = 2 * time.Second
 		c.Retained = 200_000
+		c.MySQLRetained = 100_000
 		c.Pending = 2_000
 		c.ClaimSamples = 100
 	}

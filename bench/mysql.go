@@ -136,24 +136,103 @@ func (b *bench) mysqlScenario(ctx context.Context) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
+	bloat, err := b.mysqlBloat(ctx, m.db)
+	if err != nil {
+		return nil, err
+	}
 	raw, rel := sides[0].rate(), sides[1].rate()
 	clients := fmt.Sprintf("%d clients", b.c.Producers)
-	return []row{
+	return append([]row{
 		{name: "m  MariaDB relay drain vs raw SQL claim+mark, same statements (events/s, batch 100, 1 worker)", value: rel, baseline: raw,
 			unit: "/s", target: "≥ 90 %", pass: rel >= 0.9*raw, verdict: true},
 		{name: "m' MariaDB producer tx/s with the outbox row (Enqueue: insert and read-back) vs without (" + clients + ")", value: rate[prodEnqueue], baseline: rate[prodPlain],
 			unit: " tx/s", target: "—"},
 		{name: "m' MariaDB producer tx/s with the outbox row (ExecWithEvents: no read-back) vs without", value: rate[prodOutbox], baseline: rate[prodPlain],
 			unit: " tx/s", target: "—"},
+	}, bloat...), nil
+}
+
+// mysqlBloat is scenario e on MySQL: claim latency on a table holding
+// Pending due events and MySQLRetained published ones, against one holding
+// only the due events. It measures the claim index chosen for InnoDB,
+// which has no partial index: (published_at, dead_at, next_attempt_at, id)
+// keeps the due rows in one contiguous range, away from the published.
+func (b *bench) mysqlBloat(ctx context.Context, db *sql.DB) ([]row, error) {
+	stores := map[string]*sqlxoutbox.Outbox{}
+	for _, table := range []string{"bloat_empty", "bloat_retained"} {
+		if err := dialect.Migrate(ctx, db, dialect.MySQL, dialect.MigrateOptions{Table: table, SkipInbox: true, Logger: b.quiet}); err != nil {
+			return nil, err
+		}
+		var err error
+		if stores[table], err = sqlxoutbox.NewDB(db, sqlxoutbox.Options{Dialect: dialect.MySQL, Table: table, Logger: b.quiet}); err != nil {
+			return nil, err
+		}
+	}
+	start := time.Now()
+	// Retained rows: 1000 published ones, doubled until there are enough
+	// (no generate_series on MySQL).
+	if _, err := db.ExecContext(ctx, "INSERT INTO bloat_retained (event_id, aggregate_type, aggregate_id, event_type, payload, created_at, published_at, attempt_count)"+
+		" SELECT UUID(), 'order', CONCAT('o-', p), 'order.created', '{\"order_id\": \"o-1\", \"status\": \"created\"}',"+
+		" UTC_TIMESTAMP(6) - INTERVAL 7 DAY, UTC_TIMESTAMP(6) - INTERVAL 7 DAY, 1"+
+		" FROM JSON_TABLE(?, '$[*]' COLUMNS (p INT PATH '$')) AS j", jsonInts(1000)); err != nil {
+		return nil, err
+	}
+	for n := 1000; n < b.c.MySQLRetained; n *= 2 {
+		if _, err := db.ExecContext(ctx, "INSERT INTO bloat_retained (event_id, aggregate_type, aggregate_id, event_type, payload, created_at, published_at, attempt_count)"+
+			" SELECT UUID(), aggregate_type, aggregate_id, event_type, payload, created_at, published_at, attempt_count FROM bloat_retained"); err != nil {
+			return nil, fmt.Errorf("write retained rows: %w", err)
+		}
+	}
+	var retained int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM bloat_retained").Scan(&retained); err != nil {
+		return nil, err
+	}
+	for table, store := range stores {
+		if err := mysqlInsertDue(ctx, db, store, b.c.Pending); err != nil {
+			return nil, err
+		}
+		if _, err := db.ExecContext(ctx, "ANALYZE TABLE "+table); err != nil {
+			return nil, err
+		}
+	}
+	b.log.Info("mysql bloat: tables ready", "retained", retained, "took", time.Since(start))
+	claim := func(store *sqlxoutbox.Outbox) (time.Duration, error) {
+		t0 := time.Now()
+		c, err := store.Claim(ctx, core.ClaimRequest{Limit: b.c.ClaimBatchSize})
+		if err != nil {
+			return 0, err
+		}
+		d := time.Since(t0)
+		if n := len(c.Events()); n != b.c.ClaimBatchSize {
+			return 0, fmt.Errorf("claimed %d events, want %d", n, b.c.ClaimBatchSize)
+		}
+		return d, c.Release(ctx)
+	}
+	var de, df []time.Duration
+	for i := range b.c.ClaimSamples + 20 {
+		e, err := claim(stores["bloat_empty"])
+		if err != nil {
+			return nil, err
+		}
+		f, err := claim(stores["bloat_retained"])
+		if err != nil {
+			return nil, err
+		}
+		if i >= 20 {
+			de, df = append(de, e), append(df, f)
+		}
+	}
+	p50e, p50f := ms(percentile(de, 0.5)), ms(percentile(df, 0.5))
+	return []row{
+		{name: fmt.Sprintf("m  MariaDB claim latency p50, %s published rows retained vs empty table (%d pending, batch %d)", count(retained), b.c.Pending, b.c.ClaimBatchSize),
+			value: p50f, baseline: p50e, unit: "ms", ratioX: true, target: "≤ 2×", pass: p50f <= 2*p50e, verdict: true},
+		{name: "m  MariaDB claim latency p99, same tables", value: ms(percentile(df, 0.99)), baseline: ms(percentile(de, 0.99)), unit: "ms", ratioX: true, target: "—"},
 	}, nil
 }
 
-// mysqlFill empties the drain table and writes n due events, 1000 per
+// mysqlInsertDue writes n due events through store's INSERT, 1000 per
 // statement.
-func mysqlFill(ctx context.Context, db *sql.DB, store *sqlxoutbox.Outbox, n int) error {
-	if _, err := db.ExecContext(ctx, "TRUNCATE TABLE "+mysqlDrainTable); err != nil {
-		return err
-	}
+func mysqlInsertDue(ctx context.Context, db *sql.DB, store *sqlxoutbox.Outbox, n int) error {
 	q := store.Queries()
 	evs := make([]core.Event, 0, dialect.MaxInsertRows)
 	for i := 0; i < n; i += dialect.MaxInsertRows {
@@ -172,6 +251,29 @@ func mysqlFill(ctx context.Context, db *sql.DB, store *sqlxoutbox.Outbox, n int)
 		if _, err := db.ExecContext(ctx, query, args...); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// jsonInts is the JSON array [0, ..., n-1].
+func jsonInts(n int) string {
+	b, _ := json.Marshal(func() []int {
+		xs := make([]int, n)
+		for i := range xs {
+			xs[i] = i
+		}
+		return xs
+	}())
+	return string(b)
+}
+
+// mysqlFill empties the drain table and writes n due events.
+func mysqlFill(ctx context.Context, db *sql.DB, store *sqlxoutbox.Outbox, n int) error {
+	if _, err := db.ExecContext(ctx, "TRUNCATE TABLE "+mysqlDrainTable); err != nil {
+		return err
+	}
+	if err := mysqlInsertDue(ctx, db, store, n); err != nil {
+		return err
 	}
 	_, err := db.ExecContext(ctx, "ANALYZE TABLE "+mysqlDrainTable)
 	return err
