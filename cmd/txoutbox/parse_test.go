@@ -22,13 +22,16 @@ func TestParseDSN(t *testing.T) {
 		{"sqlite:app.db", "sqlite", "app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate", "sqlite"},
 		{"sqlite:///var/lib/app.db", "sqlite", "/var/lib/app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate", "sqlite"},
 		{"file:app.db?mode=rwc", "sqlite", "file:app.db?mode=rwc&_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate", "sqlite"},
+		{"mysql://u:p@h/db", "mysql", "u:p@tcp(h:3306)/db?interpolateParams=true", "mysql"},
+		{"mariadb://u:p%40x@h:3307/db?parseTime=true", "mysql", "u:p@x@tcp(h:3307)/db?interpolateParams=true&parseTime=true", "mysql"},
+		{"u:p@tcp(h:3306)/db?interpolateParams=false", "mysql", "u:p@tcp(h:3306)/db", "mysql"},
 	} {
 		driver, source, d, err := parseDSN(tc.dsn)
 		if err != nil || driver != tc.driver || source != tc.source || d.Name() != tc.dialect {
 			t.Errorf("parseDSN(%q) = %q, %q, %v, %v", tc.dsn, driver, source, d, err)
 		}
 	}
-	for _, bad := range []string{"mysql://h/db", "sqlite:", "app.db"} {
+	for _, bad := range []string{"oracle://h/db", "sqlite:", "app.db", "mysql://u:p@h/db?tls=nosuch%zz"} {
 		if _, _, _, err := parseDSN(bad); !errors.Is(err, ErrUsage) {
 			t.Errorf("parseDSN(%q): %v, want ErrUsage", bad, err)
 		}
