@@ -27,7 +27,8 @@ func TestQuickRun(t *testing.T) {
 	c.MySQLDSN = testenv.Env(t, "TXOUTBOX_MYSQL_DSN")
 	// Smaller still than -quick: the test proves the command works, and
 	// the machine is shared with other tests.
-	c.Backlog, c.WatermillMsgs, c.Retained, c.Pending, c.ClaimSamples = 2_000, 500, 5_000, 500, 20
+	c.Backlog, c.Retained, c.Pending, c.ClaimSamples = 2_000, 5_000, 500, 20
+	c.WatermillCurve = []int{500}
 	c.MySQLRetained = 4_000
 	c.LatencyFor, c.ProducerFor = c.LatencyFor/4, c.ProducerFor/4
 	var out bytes.Buffer
@@ -42,9 +43,12 @@ func TestQuickRun(t *testing.T) {
 	// One prefix per row, in the order the table prints them.
 	wantRows := []string{
 		"| a  relay drain vs raw SQL", "| a' relay drain with SyncMark", "| a'' relay drain vs the textbook",
-		"| b  relay drain vs Watermill", "| b' relay drain vs Watermill", "| b'' 20× the Watermill figure",
+		"| b  relay drain (batch 500, 2 workers) vs Watermill", "| b  the same at a 500 backlog", "| b' the same vs Watermill with SubscribeBatchSize 1",
 		"| c  latency p50 at 1000/s, in-process", "| c  latency p99 at 1000/s, in-process",
 		"| c  latency p50 at 1000/s, LISTEN/NOTIFY", "| c  latency p99 at 1000/s, LISTEN/NOTIFY",
+		"| c' latency p99 at 1000/s, in-process wake vs the floor", "| c  relay claims per event at 1000/s",
+		"| d' producer tx/s with Enqueue vs a hand-written INSERT", "| d  producer tx/s with the outbox row (ExecWithEvents) vs without, 16 clients",
+		"| d' producer tx/s with Enqueue vs a hand-written INSERT of the same event row, 16 clients",
 		"| d  producer tx/s with the outbox row (ExecWithEvents", "| d' producer tx/s with the outbox row (Enqueue",
 		"| d  producer tx/s with a relay draining beside, in-process",
 		"| d  producer tx/s with a relay draining beside, debounced NOTIFY", "| d' producer tx/s with pg_notify",

@@ -7,13 +7,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/pgnotify"
 )
 
-// latencies of one mode of scenario c.
-type latencies struct{ p50, p99 time.Duration }
+// latencies of one mode of scenario c, and the relay's claims per event.
+type latencies struct {
+	p50, p99       time.Duration
+	claimsPerEvent float64
+}
 
 // latency runs scenario c: producers commit events at a steady rate while
 // a relay publishes them, woken in-process, by LISTEN/NOTIFY, or not at all
@@ -27,8 +32,13 @@ func (b *bench) latency(ctx context.Context) ([]row, error) {
 			return nil, fmt.Errorf("%s: %w", mode, err)
 		}
 		got[mode] = l
-		b.log.Info("latency", "mode", mode, "p50", l.p50, "p99", l.p99)
+		b.log.Info("latency", "mode", mode, "p50", l.p50, "p99", l.p99, "claims_per_event", l.claimsPerEvent)
 	}
+	floor, err := b.latencyFloor(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("floor: %w", err)
+	}
+	b.log.Info("latency floor", "p50", floor.p50, "p99", floor.p99)
 	poll := got["poll"]
 	poll50, poll99 := ms(poll.p50), ms(poll.p99)
 	mk := func(name string, v, base, limit float64) row {
@@ -41,11 +51,22 @@ func (b *bench) latency(ctx context.Context) ([]row, error) {
 		mk("c  latency p99 at "+rate+", in-process wake (vs poll "+pi+")", ms(got["inproc"].p99), poll99, 10),
 		mk("c  latency p50 at "+rate+", LISTEN/NOTIFY, 1-4 ms debounce (vs poll "+pi+")", ms(got["notify"].p50), poll50, 3),
 		mk("c  latency p99 at "+rate+", LISTEN/NOTIFY, 1-4 ms debounce (vs poll "+pi+")", ms(got["notify"].p99), poll99, 10),
+		{name: "c' latency p99 at " + rate + ", in-process wake vs the floor (commit → NOTIFY received, same rate)", value: ms(got["inproc"].p99), baseline: ms(floor.p99),
+			unit: "ms", ratioX: true, target: "—"},
+		{name: "c  relay claims per event at " + rate + ", in-process wake (vs polling every " + pi + ")", value: got["inproc"].claimsPerEvent, baseline: got["poll"].claimsPerEvent,
+			unit: "x", ratioX: true, target: "≤ 0.2", pass: got["inproc"].claimsPerEvent <= 0.2, verdict: true},
 	}, nil
 }
 
 func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) {
 	table := "latency_" + mode
+	// Closed last, after the goroutines below stopped.
+	var closeAfter []func() error
+	defer func() {
+		for _, c := range closeAfter {
+			_ = c()
+		}
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -59,7 +80,18 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 		}()
 	}
 
-	relayBox, err := b.outbox(ctx, b.db, table, sqlxoutbox.Options{})
+	// The relay's pool: the producers' own in process mode, whose writes
+	// wake the relays of their pool; another one otherwise, as another
+	// process has, so that only NOTIFY (or the poll) can wake it.
+	relayDB := b.db
+	if mode != "inproc" {
+		var err error
+		if relayDB, err = b.open(""); err != nil {
+			return latencies{}, err
+		}
+		closeAfter = append(closeAfter, relayDB.Close)
+	}
+	relayBox, err := b.outbox(ctx, relayDB, table, sqlxoutbox.Options{})
 	if err != nil {
 		return latencies{}, err
 	}
@@ -81,8 +113,6 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 	}
 	var notifier core.Notifier
 	switch mode {
-	case "inproc":
-		notifier = relay
 	case "notify":
 		n, err := pgnotify.NewNotifier(b.dsn, pgnotify.NotifierOptions{Channel: table, Logger: b.quiet})
 		if err != nil {
@@ -178,6 +208,105 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 	}
 	b.log.Info("latency run", append([]any{"mode", mode, "events", len(lat), "slower_than_quarter_poll", slow,
 		"producer_commit_p50", percentile(commitTook, 0.5), "producer_commit_p99", percentile(commitTook, 0.99)}, timed.summary()...)...)
+	timed.mu.Lock()
+	claims := timed.empty + timed.nonEmpty
+	timed.mu.Unlock()
+	return latencies{p50: percentile(lat, 0.50), p99: percentile(lat, 0.99), claimsPerEvent: float64(claims) / float64(total)}, nil
+}
+
+// latencyFloor measures what any relay woken by commits is bounded by on
+// this machine at this moment: producers at the same rate commit a
+// transaction that sends a NOTIFY, and a listener on its own connection
+// records when each arrives; the latency runs from just before COMMIT, as
+// scenario c's does.
+func (b *bench) latencyFloor(ctx context.Context) (latencies, error) {
+	const channel = "txoutbox_bench_floor"
+	conn, err := pgx.Connect(ctx, b.dsn)
+	if err != nil {
+		return latencies{}, err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
+		return latencies{}, err
+	}
+	total := int(b.c.LatencyFor.Seconds() * float64(b.c.LatencyRate))
+	var mu sync.Mutex
+	received := make(map[string]time.Time, total)
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	listenDone := make(chan struct{})
+	go func() {
+		defer close(listenDone)
+		for {
+			n, err := conn.WaitForNotification(lctx)
+			if err != nil {
+				return
+			}
+			now := time.Now()
+			mu.Lock()
+			received[n.Payload] = now
+			mu.Unlock()
+		}
+	}()
+	committed := make([]time.Time, total)
+	jobs := make(chan int, total)
+	errs := make(chan error, b.c.Producers)
+	var wg sync.WaitGroup
+	for range b.c.Producers {
+		wg.Go(func() {
+			for i := range jobs {
+				tx, err := b.db.BeginTx(ctx, nil)
+				if err == nil {
+					_, err = tx.ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, fmt.Sprint(i))
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				committed[i] = time.Now()
+				if err := tx.Commit(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	interval := time.Second / time.Duration(b.c.LatencyRate)
+	start := time.Now()
+	for i := range total {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return latencies{}, err
+	default:
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(received)
+		mu.Unlock()
+		if n >= total || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	<-listenDone
+	var lat []time.Duration
+	for i := total / 20; i < total; i++ {
+		if at, ok := received[fmt.Sprint(i)]; ok {
+			lat = append(lat, max(at.Sub(committed[i]), 0))
+		}
+	}
+	if len(lat) < total*9/10 {
+		return latencies{}, fmt.Errorf("only %d of %d notifications received", len(lat), total)
+	}
 	return latencies{p50: percentile(lat, 0.50), p99: percentile(lat, 0.99)}, nil
 }
 

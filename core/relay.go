@@ -35,6 +35,16 @@ type RelayOptions struct {
 	// latency. A full batch is followed at once. Default 1ms; negative
 	// disables it.
 	Cooldown time.Duration
+	// MaxCooldown is how far a worker stretches its Cooldown while its
+	// claims keep finding only a few events each: under a steady trickle
+	// of commits, each of which wakes the relay, the wait doubles from
+	// Cooldown up to MaxCooldown, so that one claim gathers what several
+	// commits wrote (a claim per event costs the database two to three
+	// times the work of a claim per few events). It shrinks back as claims
+	// fill up, and a claim that finds nothing resets it, so that the first
+	// event after a quiet spell is claimed at once. Default 5ms; set it to
+	// Cooldown to claim on every wake-up.
+	MaxCooldown time.Duration
 	// Concurrency is the number of workers, each with its own claim.
 	// Default 1, at most MaxConcurrency; capped by the store's
 	// StoreCapabilities.MaxConcurrency.
@@ -95,6 +105,14 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 		o.Cooldown = time.Millisecond
 	case o.Cooldown < 0:
 		o.Cooldown = 0
+	}
+	switch {
+	case o.MaxCooldown < 0:
+		return o, fmt.Errorf("%w: negative MaxCooldown", ErrInvalidOptions)
+	case o.MaxCooldown == 0:
+		o.MaxCooldown = max(DefaultMaxCooldown, o.Cooldown)
+	case o.MaxCooldown < o.Cooldown:
+		return o, fmt.Errorf("%w: MaxCooldown %v below Cooldown %v", ErrInvalidOptions, o.MaxCooldown, o.Cooldown)
 	}
 	if o.Concurrency == 0 {
 		o.Concurrency = 1
@@ -297,6 +315,26 @@ var wakeGrace = []time.Duration{
 	16 * time.Millisecond, 32 * time.Millisecond, 64 * time.Millisecond, 128 * time.Millisecond,
 }
 
+// DefaultMaxCooldown is RelayOptions.MaxCooldown's default.
+const DefaultMaxCooldown = 5 * time.Millisecond
+
+// coalesceTarget is the number of events per claim below which a worker
+// stretches its cooldown (RelayOptions.MaxCooldown).
+const coalesceTarget = 8
+
+// nextCooldown returns the cooldown to keep after a claim of claimed
+// events, given the current one.
+func (r *Relay) nextCooldown(cur time.Duration, claimed int) time.Duration {
+	switch {
+	case claimed == 0:
+		return r.opts.Cooldown
+	case claimed < coalesceTarget:
+		return min(max(2*cur, r.opts.Cooldown, time.Millisecond), r.opts.MaxCooldown)
+	default:
+		return max(cur/2, r.opts.Cooldown)
+	}
+}
+
 // work is one worker's loop. It returns an error that retrying cannot
 // cure, and nil when ctx ends.
 func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
@@ -304,9 +342,13 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 	defer timer.Stop()
 	errWait := time.Duration(0)
 	grace := len(wakeGrace) // no grace until woken
+	cooldown := r.opts.Cooldown
 	for {
 		start := time.Now()
 		res, err := r.processBatch(ctx, worker)
+		if err == nil {
+			cooldown = r.nextCooldown(cooldown, res.Claimed)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -341,7 +383,7 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			wait = r.opts.PollInterval
 		}
 		if err == nil {
-			wait = max(wait, r.opts.Cooldown-time.Since(start))
+			wait = max(wait, cooldown-time.Since(start))
 		}
 		if !r.sleep(ctx, timer, wait, &grace) {
 			return nil
@@ -349,7 +391,7 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 		if err == nil {
 			// A Notify may have cut the wait short: the cooldown still
 			// holds, and the Notifies during it coalesce into this claim.
-			if rest := r.opts.Cooldown - time.Since(start); rest > 0 && !r.sleep(ctx, timer, rest, nil) {
+			if rest := cooldown - time.Since(start); rest > 0 && !r.sleep(ctx, timer, rest, nil) {
 				return nil
 			}
 		}

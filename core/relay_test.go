@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -284,6 +285,42 @@ func TestCooldownBoundsClaimRate(t *testing.T) {
 	}
 	if claims >= n/2 {
 		t.Errorf("%d claims for %d notifies: they did not coalesce", claims, n)
+	}
+}
+
+// Under a trickle of wake-ups the cooldown stretches, doubling while
+// claims find few events, up to MaxCooldown; fuller claims shrink it, and
+// an empty claim (a quiet spell) resets it, so that the next event after
+// it is claimed at once.
+func TestCooldownStretchesUnderATrickle(t *testing.T) {
+	t.Parallel()
+	r, err := core.NewRelay(newMemStore(), &recordingPub{}, core.RelayOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cd := time.Millisecond
+	var steps []time.Duration
+	for _, claimed := range []int{1, 1, 2, 3, 3, 3, 50, 50, 50, 1, 0} {
+		cd = r.NextCooldown(cd, claimed)
+		steps = append(steps, cd)
+	}
+	ms := time.Millisecond
+	want := []time.Duration{2 * ms, 4 * ms, 5 * ms, 5 * ms, 5 * ms, 5 * ms, 2500 * time.Microsecond, 1250 * time.Microsecond, ms, 2 * ms, ms}
+	if !slices.Equal(steps, want) {
+		t.Fatalf("cooldowns %v, want %v", steps, want)
+	}
+	// MaxCooldown equal to Cooldown: no stretching.
+	r, err = core.NewRelay(newMemStore(), &recordingPub{}, core.RelayOptions{Logger: quiet, Cooldown: 2 * ms, MaxCooldown: 2 * ms})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.NextCooldown(2*ms, 1); got != 2*ms {
+		t.Fatalf("cooldown stretched to %v with MaxCooldown = Cooldown", got)
+	}
+	for _, bad := range []core.RelayOptions{{MaxCooldown: -1}, {Cooldown: 10 * ms, MaxCooldown: 5 * ms}} {
+		if _, err := core.NewRelay(newMemStore(), &recordingPub{}, bad); !errors.Is(err, core.ErrInvalidOptions) {
+			t.Errorf("NewRelay(%+v) = %v, want ErrInvalidOptions", bad, err)
+		}
 	}
 }
 
