@@ -48,32 +48,9 @@ func (b *bench) bloat(ctx context.Context) ([]row, error) {
 	}
 	b.log.Info("bloat: tables ready", "took", time.Since(start))
 
-	claim := func(box *sqlxoutbox.Outbox) (time.Duration, error) {
-		t0 := time.Now()
-		c, err := box.Claim(ctx, core.ClaimRequest{Limit: b.c.ClaimBatchSize})
-		if err != nil {
-			return 0, err
-		}
-		d := time.Since(t0)
-		if n := len(c.Events()); n != b.c.ClaimBatchSize {
-			return 0, fmt.Errorf("claimed %d events, want %d", n, b.c.ClaimBatchSize)
-		}
-		return d, c.Release(ctx)
-	}
-	var de, df []time.Duration
-	for i := range b.c.ClaimSamples + 20 {
-		// Interleaved, so that a noisy second hits both tables alike.
-		e, err := claim(empty)
-		if err != nil {
-			return nil, err
-		}
-		f, err := claim(full)
-		if err != nil {
-			return nil, err
-		}
-		if i >= 20 { // warm-up
-			de, df = append(de, e), append(df, f)
-		}
+	de, df, err := b.claimLatencies(ctx, empty, full)
+	if err != nil {
+		return nil, err
 	}
 	name := fmt.Sprintf("e  claim latency p50, %s published rows retained vs empty table (%d pending, batch %d)",
 		count(b.c.Retained), b.c.Pending, b.c.ClaimBatchSize)
@@ -92,4 +69,36 @@ func count(n int) string {
 		return fmt.Sprintf("%gk", float64(n)/1e3)
 	}
 	return fmt.Sprint(n)
+}
+
+// claimLatencies times ClaimSamples claims (and releases) of ClaimBatchSize
+// events on each of two stores, taking turns so that a noisy second hits
+// both alike, after 20 of warm-up.
+func (b *bench) claimLatencies(ctx context.Context, empty, full core.Store) (de, df []time.Duration, err error) {
+	claim := func(s core.Store) (time.Duration, error) {
+		t0 := time.Now()
+		c, err := s.Claim(ctx, core.ClaimRequest{Limit: b.c.ClaimBatchSize})
+		if err != nil {
+			return 0, err
+		}
+		d := time.Since(t0)
+		if n := len(c.Events()); n != b.c.ClaimBatchSize {
+			return 0, fmt.Errorf("claimed %d events, want %d", n, b.c.ClaimBatchSize)
+		}
+		return d, c.Release(ctx)
+	}
+	for i := range b.c.ClaimSamples + 20 {
+		e, err := claim(empty)
+		if err != nil {
+			return nil, nil, err
+		}
+		f, err := claim(full)
+		if err != nil {
+			return nil, nil, err
+		}
+		if i >= 20 {
+			de, df = append(de, e), append(df, f)
+		}
+	}
+	return de, df, nil
 }

@@ -161,17 +161,7 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 			}
 		}()
 	}
-	// A steady pace: event i is due at start + i/rate; a late producer
-	// catches up without sleeping, as a real arrival process would not wait.
-	interval := time.Second / time.Duration(b.c.LatencyRate)
-	start := time.Now()
-	for i := range total {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			time.Sleep(d)
-		}
-		jobs <- i
-	}
-	close(jobs)
+	start := b.pace(jobs, total)
 	pwg.Wait()
 	select {
 	case err := <-errs:
@@ -271,15 +261,7 @@ func (b *bench) latencyFloor(ctx context.Context) (latencies, error) {
 			}
 		})
 	}
-	interval := time.Second / time.Duration(b.c.LatencyRate)
-	start := time.Now()
-	for i := range total {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			time.Sleep(d)
-		}
-		jobs <- i
-	}
-	close(jobs)
+	b.pace(jobs, total)
 	wg.Wait()
 	select {
 	case err := <-errs:
@@ -327,4 +309,20 @@ func (b *bench) produceOne(ctx context.Context, box *sqlxoutbox.Outbox, i int) (
 		return "", time.Time{}, err
 	}
 	return evs[0].ID, t0, nil
+}
+
+// pace sends 0..total-1 to jobs at LatencyRate, steadily: job i is due at
+// start + i/rate, and a late producer catches up without sleeping, as a
+// real arrival process would not wait. It closes jobs and returns start.
+func (b *bench) pace(jobs chan<- int, total int) time.Time {
+	interval := time.Second / time.Duration(b.c.LatencyRate)
+	start := time.Now()
+	for i := range total {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		jobs <- i
+	}
+	close(jobs)
+	return start
 }

@@ -196,31 +196,9 @@ func (b *bench) mysqlBloat(ctx context.Context, db *sql.DB) ([]row, error) {
 		}
 	}
 	b.log.Info("mysql bloat: tables ready", "retained", retained, "took", time.Since(start))
-	claim := func(store *sqlxoutbox.Outbox) (time.Duration, error) {
-		t0 := time.Now()
-		c, err := store.Claim(ctx, core.ClaimRequest{Limit: b.c.ClaimBatchSize})
-		if err != nil {
-			return 0, err
-		}
-		d := time.Since(t0)
-		if n := len(c.Events()); n != b.c.ClaimBatchSize {
-			return 0, fmt.Errorf("claimed %d events, want %d", n, b.c.ClaimBatchSize)
-		}
-		return d, c.Release(ctx)
-	}
-	var de, df []time.Duration
-	for i := range b.c.ClaimSamples + 20 {
-		e, err := claim(stores["bloat_empty"])
-		if err != nil {
-			return nil, err
-		}
-		f, err := claim(stores["bloat_retained"])
-		if err != nil {
-			return nil, err
-		}
-		if i >= 20 {
-			de, df = append(de, e), append(df, f)
-		}
+	de, df, err := b.claimLatencies(ctx, stores["bloat_empty"], stores["bloat_retained"])
+	if err != nil {
+		return nil, err
 	}
 	p50e, p50f := ms(percentile(de, 0.5)), ms(percentile(df, 0.5))
 	return []row{

@@ -238,38 +238,7 @@ func TestSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{dsn: dsn, db: db, ob: ob}
-	evs := f.enqueue(t, "order.created", "1", 4)
-	f.enqueue(t, "order.paid", "1", 1)
-
-	r := ok(t, dsn, "stats", "--format", "json")
-	var s statsJSON
-	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil || s.Pending != 5 || s.ByType["order.created"].Pending != 4 {
-		t.Fatalf("stats on SQLite: %v\n%s", err, r.stdout)
-	}
-	r = ok(t, dsn, "relay", "--broker", "log://?fail_types=order.paid", "--max-attempts", "1", "--drain", "--http-addr", "", "--concurrency", "4")
-	if got := sinkIDs(t, r.stdout); len(got) != len(evs) {
-		t.Fatalf("relay on SQLite published %d, want %d", len(got), len(evs))
-	}
-	r = ok(t, dsn, "dead", "list", "--format", "json")
-	var dead []deadJSON
-	if err := json.Unmarshal([]byte(r.stdout), &dead); err != nil || len(dead) != 1 || dead[0].EventType != "order.paid" {
-		t.Fatalf("dead list on SQLite: %v\n%s", err, r.stdout)
-	}
-	ok(t, dsn, "dead", "retry", "--all")
-	ok(t, dsn, "replay", "--type", "order.created")
-	r = ok(t, dsn, "relay", "--broker", "log://", "--drain", "--http-addr", "")
-	if got := sinkIDs(t, r.stdout); len(got) != len(evs)+1 {
-		t.Fatalf("after retry and replay the relay published %d, want %d", len(got), len(evs)+1)
-	}
-	r = ok(t, dsn, "cleanup", "--retention", "1ns")
-	if !strings.Contains(r.stdout, "deleted 5 published event(s)") {
-		t.Fatalf("cleanup on SQLite: %s", r.stdout)
-	}
+	cliFlow(t, "SQLite", db, dsn, dsn)
 }
 
 // The CLI on MariaDB, from a mysql:// URL and from the driver's own DSN:
@@ -290,42 +259,51 @@ func TestMySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
+	cliFlow(t, "MariaDB", db, urlDSN, driverDSN)
+	// A database that was never migrated stops at once, naming the fix.
+	r := run(t, "", nil, "stats", "--dsn", testenv.MySQLDSN(t))
+	if r.code == 0 || !strings.Contains(r.stderr, "run 'txoutbox migrate'") {
+		t.Fatalf("stats on an empty MariaDB database: exit %d\n%s", r.code, r.stderr)
+	}
+}
+
+// cliFlow runs the operators' commands on db's migrated outbox, reached as
+// dsn (and as relayDSN by the first relay): stats, a relay with several
+// workers and a failing event type, dead list and retry, replay, a second
+// relay, cleanup.
+func cliFlow(t *testing.T, name string, db *sql.DB, dsn, relayDSN string) {
+	t.Helper()
 	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{dsn: urlDSN, db: db, ob: ob}
+	f := &fixture{dsn: dsn, db: db, ob: ob}
 	evs := f.enqueue(t, "order.created", "1", 4)
 	f.enqueue(t, "order.paid", "1", 1)
 
-	r := ok(t, urlDSN, "stats", "--format", "json")
+	r := ok(t, dsn, "stats", "--format", "json")
 	var s statsJSON
 	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil || s.Pending != 5 || s.ByType["order.created"].Pending != 4 {
-		t.Fatalf("stats on MariaDB: %v\n%s", err, r.stdout)
+		t.Fatalf("stats on %s: %v\n%s", name, err, r.stdout)
 	}
-	r = ok(t, driverDSN, "relay", "--broker", "log://?fail_types=order.paid", "--max-attempts", "1", "--drain", "--http-addr", "", "--concurrency", "4")
+	r = ok(t, relayDSN, "relay", "--broker", "log://?fail_types=order.paid", "--max-attempts", "1", "--drain", "--http-addr", "", "--concurrency", "4")
 	if got := sinkIDs(t, r.stdout); len(got) != len(evs) {
-		t.Fatalf("relay on MariaDB published %d, want %d", len(got), len(evs))
+		t.Fatalf("relay on %s published %d, want %d", name, len(got), len(evs))
 	}
-	r = ok(t, urlDSN, "dead", "list", "--format", "json")
+	r = ok(t, dsn, "dead", "list", "--format", "json")
 	var dead []deadJSON
 	if err := json.Unmarshal([]byte(r.stdout), &dead); err != nil || len(dead) != 1 || dead[0].EventType != "order.paid" {
-		t.Fatalf("dead list on MariaDB: %v\n%s", err, r.stdout)
+		t.Fatalf("dead list on %s: %v\n%s", name, err, r.stdout)
 	}
-	ok(t, urlDSN, "dead", "retry", "--all")
-	ok(t, urlDSN, "replay", "--type", "order.created")
-	r = ok(t, urlDSN, "relay", "--broker", "log://", "--drain", "--http-addr", "")
+	ok(t, dsn, "dead", "retry", "--all")
+	ok(t, dsn, "replay", "--type", "order.created")
+	r = ok(t, dsn, "relay", "--broker", "log://", "--drain", "--http-addr", "")
 	if got := sinkIDs(t, r.stdout); len(got) != len(evs)+1 {
-		t.Fatalf("after retry and replay the relay published %d, want %d", len(got), len(evs)+1)
+		t.Fatalf("after retry and replay the relay on %s published %d, want %d", name, len(got), len(evs)+1)
 	}
-	r = ok(t, urlDSN, "cleanup", "--retention", "1ns")
+	r = ok(t, dsn, "cleanup", "--retention", "1ns")
 	if !strings.Contains(r.stdout, "deleted 5 published event(s)") {
-		t.Fatalf("cleanup on MariaDB: %s", r.stdout)
-	}
-	// A database that was never migrated stops at once, naming the fix.
-	r = run(t, "", nil, "stats", "--dsn", testenv.MySQLDSN(t))
-	if r.code == 0 || !strings.Contains(r.stderr, "run 'txoutbox migrate'") {
-		t.Fatalf("stats on an empty MariaDB database: exit %d\n%s", r.code, r.stderr)
+		t.Fatalf("cleanup on %s: %s", name, r.stdout)
 	}
 }
 
