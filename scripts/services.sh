@@ -8,8 +8,8 @@
 #
 # Services: PostgreSQL 15 (throwaway cluster, durable: the benchmarks run on it), MariaDB
 # 10.11 (Debian's mariadb-server, a throwaway datadir, durable too), RabbitMQ (Debian's
-# rabbitmq-server, its own node name and ports), and the goaws SNS/SQS
-# emulator (built from its Go module).
+# rabbitmq-server, its own node name and ports), the goaws SNS/SQS
+# emulator and the gofakes3 S3 server (each built from its Go module).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,6 +22,7 @@ AMQP_PORT=${TXOUTBOX_AMQP_PORT:-24672}
 AMQP_DIST_PORT=${TXOUTBOX_AMQP_DIST_PORT:-24673}
 SNS_PORT=${TXOUTBOX_SNS_PORT:-24100}
 MARIADB_PORT=${TXOUTBOX_MARIADB_PORT:-24306}
+S3_PORT=${TXOUTBOX_S3_PORT:-24900}
 case "${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}" in
 *@*)
 	echo "services: TXOUTBOX_RABBITMQ_NODENAME=$TXOUTBOX_RABBITMQ_NODENAME: give the name without @host (@localhost is added)" >&2
@@ -272,6 +273,44 @@ stop_goaws() {
 	done
 }
 
+start_s3() {
+	# gofakes3 speaks the S3 protocol over HTTP, as its own process with a
+	# bolt file for storage: the archive's s3:// path is tested against a
+	# server, through gocloud.dev/blob's s3blob and the AWS SDK, not an
+	# in-process fake. No MinIO: it is not in Debian, and its server is
+	# AGPL.
+	local version=v1.2.0
+	local bin="$SVC/bin/gofakes3-$version"
+	if [ ! -x "$bin" ]; then
+		mkdir -p "$SVC/bin"
+		(cd "$ROOT" && GOBIN="$SVC/bin" go install "github.com/johannesboyne/gofakes3/cmd/gofakes3@$version" && mv "$SVC/bin/gofakes3" "$bin") >&2
+	fi
+	if [ -f "$SVC/s3.pid" ] && kill -0 "$(cat "$SVC/s3.pid")" 2>/dev/null; then
+		log "gofakes3 already running on $S3_PORT"
+		return
+	fi
+	port_free "$S3_PORT" gofakes3 S3
+	mkdir -p "$SVC/s3"
+	(cd "$SVC/s3" && exec nohup "$bin" -host "127.0.0.1:$S3_PORT" -backend bolt -bolt.db "$SVC/s3/s3.db" \
+		-initialbucket txoutbox -autobucket -quiet >"$SVC/s3/log" 2>&1 </dev/null) &
+	echo $! >"$SVC/s3.pid"
+	local i
+	for i in $(seq 1 100); do
+		if (exec 3<>"/dev/tcp/127.0.0.1/$S3_PORT" && printf 'GET /txoutbox HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3 && head -c 12 <&3 | grep -q ' 200') 2>/dev/null; then
+			log "gofakes3 $version up on 127.0.0.1:$S3_PORT"
+			return
+		fi
+		sleep 0.2
+	done
+	log "gofakes3 did not start; its log:"
+	cat "$SVC/s3/log" >&2
+	return 1
+}
+
+stop_s3() {
+	if [ -f "$SVC/s3.pid" ]; then kill "$(cat "$SVC/s3.pid")" 2>/dev/null || true; rm -f "$SVC/s3.pid"; fi
+}
+
 write_env() {
 	cat >"$SVC/env" <<ENV
 export TXOUTBOX_PG_DSN='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
@@ -279,6 +318,7 @@ export TXOUTBOX_MYSQL_DSN='mysql://txoutbox:test-pw@127.0.0.1:$MARIADB_PORT/'
 export TXOUTBOX_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
 export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBIT_NODE'
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'
+export TXOUTBOX_S3_URL='s3://txoutbox?endpoint=http://127.0.0.1:$S3_PORT&use_path_style=true&region=us-east-1&anonymous=true'
 export TXOUTBOX_RABBITMQ_ENV='RABBITMQ_NODENAME=$RABBIT_NODE RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$AMQP_PORT RABBITMQ_DIST_PORT=$AMQP_DIST_PORT RABBITMQ_MNESIA_BASE=$SVC/rabbitmq/mnesia RABBITMQ_LOG_BASE=$SVC/rabbitmq/log RABBITMQ_ENABLED_PLUGINS_FILE=$SVC/rabbitmq/enabled_plugins RABBITMQ_CONFIG_FILE=$SVC/rabbitmq/rabbitmq'
 ENV
 	log "environment in $SVC/env"
@@ -290,6 +330,7 @@ stop_all() {
 	fi
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBIT_NODE" stop >&2 2>/dev/null || true
 	stop_goaws
+	stop_s3
 	stop_mariadb
 }
 
@@ -300,6 +341,7 @@ start)
 	start_mariadb
 	start_rabbitmq
 	start_goaws
+	start_s3
 	write_env
 	;;
 stop) stop_all ;;

@@ -139,6 +139,9 @@ type deadJSON struct {
 	LastError     string            `json:"last_error"`
 	Headers       map[string]string `json:"headers,omitempty"`
 	Payload       json.RawMessage   `json:"payload"`
+	// EncryptedWith is the key ID of a sealed payload shown without its
+	// key (--keeper); Payload is then null.
+	EncryptedWith string `json:"encrypted_with,omitempty"`
 }
 
 func (a *app) deadListCommand() *cobra.Command {
@@ -190,11 +193,16 @@ and error instead, over all of them, to see at a glance what went wrong.`,
 				defer fmt.Fprintf(a.stderr, "more may follow: txoutbox dead list --after %d\n", evs[len(evs)-1].Seq)
 			}
 			if format == "json" {
+				s, err := a.sealer(cmd.Context())
+				if err != nil {
+					return err
+				}
 				out := make([]deadJSON, len(evs))
 				for i, ev := range evs {
+					ev, kid := showable(cmd.Context(), s, ev)
 					out[i] = deadJSON{Seq: ev.Seq, ID: ev.ID, EventType: ev.EventType, AggregateType: ev.AggregateType,
 						AggregateID: ev.AggregateID, CreatedAt: ev.CreatedAt.UTC(), DeadAt: ev.DeadAt, Attempts: ev.AttemptCount,
-						LastError: ev.LastError, Headers: ev.Headers, Payload: ev.Payload}
+						LastError: ev.LastError, Headers: ev.Headers, Payload: ev.Payload, EncryptedWith: kid}
 				}
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")

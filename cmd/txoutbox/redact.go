@@ -84,6 +84,19 @@ func secretsIn(s string) []string {
 	for _, m := range passwordRE.FindAllStringSubmatch(s, -1) {
 		add(m[2])
 	}
+	// A local keeper's URL is its key (--keeper ID=base64key://KEY).
+	for rest := s; ; {
+		i := strings.Index(rest, "base64key://")
+		if i < 0 {
+			break
+		}
+		rest = rest[i+len("base64key://"):]
+		end := strings.IndexAny(rest, " \t\n'\"?&")
+		if end < 0 {
+			end = len(rest)
+		}
+		add(rest[:end])
+	}
 	return out
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/archive"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/metrics"
@@ -40,6 +41,7 @@ type relayFlags struct {
 	lagThreshold    time.Duration
 	statsInterval   time.Duration
 	cleanupInterval time.Duration
+	archiveTo       string
 	retention       time.Duration
 	drain           bool
 	ordering        string
@@ -92,7 +94,7 @@ serves:
              does not answer, or while shutting down. Details go to the log.
   /livez     liveness: 200 while the process serves
 
-` + brokerHelp,
+` + brokerHelp + "\n\n" + keeperHelp,
 		Example: `  # Try it out: print every event on stdout.
   txoutbox relay --dsn "$DATABASE_URL" --broker log://
 
@@ -125,6 +127,7 @@ serves:
 	fl.DurationVar(&f.statsInterval, "stats-interval", 15*time.Second, "how often the pending/dead gauges are refreshed")
 	fl.DurationVar(&f.cleanupInterval, "cleanup-interval", 0, "run retention cleanup this often (0: never; see 'txoutbox cleanup')")
 	fl.DurationVar(&f.retention, "retention", 30*24*time.Hour, "with --cleanup-interval: keep published events this long")
+	fl.StringVar(&f.archiveTo, "archive-to", "", "with --cleanup-interval: archive expired events to this bucket (file://, s3://) before deleting them (see 'txoutbox archive')")
 	fl.StringVar(&f.ordering, "ordering", "auto", "per-aggregate order: on, off, or auto (on when the broker keeps per-key order: kafka://, sns:// with fifo_only=true)")
 	fl.StringVar(&f.deadLetter, "dead-letter-policy", "block", "ordered mode: block (hold an aggregate's later events behind a dead one) or skip")
 	fl.IntVar(&f.partitions, "ordered-partitions", core.DefaultPartitionCount, "ordered mode: partitions aggregates are hashed into (the same for every relay of an outbox)")
@@ -163,6 +166,8 @@ func checkRelayFlags(f relayFlags) error {
 		return usagef("--lag-threshold %s and --stats-interval %s: want positive durations", f.lagThreshold, f.statsInterval)
 	case f.cleanupInterval < 0 || f.retention <= 0:
 		return usagef("--cleanup-interval %s: want 0 (never) or more; --retention %s: want a positive duration", f.cleanupInterval, f.retention)
+	case f.archiveTo != "" && (f.cleanupInterval == 0 || f.partitioned):
+		return usagef("--archive-to needs --cleanup-interval, and archives row by row: not with --partitioned")
 	}
 	return nil
 }
@@ -177,6 +182,10 @@ func (h *health) get() string  { s, _ := h.state.Load().(string); return s }
 
 func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if err := checkRelayFlags(f); err != nil {
+		return err
+	}
+	sealer, err := a.sealer(ctx)
+	if err != nil {
 		return err
 	}
 	ordering, ok := map[string]core.OrderingMode{"auto": core.OrderingAuto, "on": core.OrderingOn, "off": core.OrderingOff}[f.ordering]
@@ -249,7 +258,13 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		}
 	}()
 
-	relay, err := core.NewRelay(met.Store(ob), met.Publisher(pub), core.RelayOptions{
+	// Sealed events are opened before the broker sees them when the keys
+	// are given; without them they pass through sealed.
+	var out core.Publisher = pub
+	if sealer != nil {
+		out = sealer.Publisher(pub)
+	}
+	relay, err := core.NewRelay(met.Store(ob), met.Publisher(out), core.RelayOptions{
 		BatchSize:       f.batchSize,
 		PollInterval:    f.pollInterval,
 		Concurrency:     f.concurrency,
@@ -290,6 +305,18 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 				return fmt.Errorf("%w: %w", ErrUsage, err)
 			}
 			cleaner = pm
+		}
+		if f.archiveTo != "" {
+			b, err := openBucket(ctx, "--archive-to", f.archiveTo)
+			if err != nil {
+				return err
+			}
+			defer b.Close()
+			ar, err := archive.New(ob, b, archive.Options{LockName: "txoutbox_archive:" + a.table, Logger: a.log})
+			if err != nil {
+				return err
+			}
+			cleaner = ar
 		}
 		bg.Add(1)
 		go func() {

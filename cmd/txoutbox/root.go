@@ -58,6 +58,7 @@ type app struct {
 	table     string
 	logLevel  string
 	logFormat string
+	keepers   []string
 
 	log *slog.Logger
 }
@@ -148,6 +149,7 @@ no variable, on purpose: what a command touches is said on its command line.`,
 	pf.StringVar(&a.table, "table", "outbox_events", "outbox table name (optionally schema.table)")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	pf.StringVar(&a.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
+	pf.StringArrayVar(&a.keepers, "keeper", nil, "ID=URL of a key that opens sealed events (repeat per key version; see 'txoutbox relay --help')")
 
 	root.AddCommand(
 		a.migrateCommand(),
@@ -156,6 +158,7 @@ no variable, on purpose: what a command touches is said on its command line.`,
 		a.deadCommand(),
 		a.replayCommand(),
 		a.cleanupCommand(),
+		a.archiveCommand(),
 	)
 	documentEnv(root)
 	return root

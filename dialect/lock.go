@@ -1,0 +1,83 @@
+package dialect
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+)
+
+// sqliteLocks holds the SQLite session locks of this process by name:
+// SQLite has no named lock a connection can hold, and an exclusive
+// transaction would stop every writer of the database.
+var sqliteLocks sync.Map
+
+// TryLock takes the named lock of the database without waiting: a
+// session-level advisory lock on PostgreSQL (pg_try_advisory_lock of a hash
+// of name, which is per database), GET_LOCK on MySQL and MariaDB (of a hash
+// of the database's name and name). Both are held by one connection
+// taken from db for as long as the lock is, and vanish with it, so a
+// process killed while holding one frees it. On SQLite the lock is only
+// this process's, per *sql.DB: two processes on one SQLite file can both
+// hold it.
+//
+// ok is false when another session holds the lock. Call release once when
+// done; it is safe to call after ctx is cancelled.
+func (d Dialect) TryLock(ctx context.Context, db *sql.DB, name string) (release func(), ok bool, err error) {
+	if err := d.check(); err != nil {
+		return nil, false, err
+	}
+	if name == "" {
+		return nil, false, errors.New("dialect: TryLock needs a lock name")
+	}
+	if d.kind == kindSQLite {
+		key := fmt.Sprintf("%p/%s", db, name)
+		if _, held := sqliteLocks.LoadOrStore(key, struct{}{}); held {
+			return nil, false, nil
+		}
+		var once sync.Once
+		return func() { once.Do(func() { sqliteLocks.Delete(key) }) }, true, nil
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("dialect: lock %q: %w", name, err)
+	}
+	var got sql.NullInt64
+	var unlock string
+	var arg any
+	switch d.kind {
+	case kindPostgres:
+		h := fnv.New64a()
+		h.Write([]byte("txoutbox:" + name))
+		arg = int64(h.Sum64())
+		err = conn.QueryRowContext(ctx, "SELECT CAST(pg_try_advisory_lock($1) AS int)", arg).Scan(&got)
+		unlock = "SELECT pg_advisory_unlock($1)"
+	default:
+		// GET_LOCK names are server-wide and at most 64 characters: the
+		// name is scoped to the database, hashed.
+		const lockName = "CONCAT('txoutbox:', SHA1(CONCAT(DATABASE(), ':', ?)))"
+		arg = name
+		err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lockName+", 0)", arg).Scan(&got)
+		unlock = "DO RELEASE_LOCK(" + lockName + ")"
+	}
+	if err != nil || got.Int64 != 1 {
+		conn.Close()
+		if err != nil {
+			return nil, false, fmt.Errorf("dialect: lock %q: %w", name, err)
+		}
+		return nil, false, nil
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			// A connection that cannot unlock is discarded, which unlocks.
+			if _, err := conn.ExecContext(context.WithoutCancel(ctx), unlock, arg); err != nil {
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
+			conn.Close()
+		})
+	}, true, nil
+}
