@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -472,5 +473,69 @@ func TestNewRefusesBadOptions(t *testing.T) {
 	}
 	if _, err := archive.New(nil, b, archive.Options{}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("New without a source: %v", err)
+	}
+}
+
+// TestPartitionedArchiveThenDrop: on a day-partitioned outbox the archiver
+// empties the past days and the partition maintainer after it drops their
+// partitions; a partition still holding a pending event stays.
+func TestPartitionedArchiveThenDrop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	popts := dialect.PartitionOptions{Ahead: 2, Logger: quiet}
+	fx := sqlfixture.Open(t, testenv.Env(t, "TXOUTBOX_PG_DSN"), sqlfixture.Options{SkipInbox: true, Partitioned: &popts})
+	if _, err := dialect.EnsurePartitions(ctx, fx.DB, dialect.Postgres, dialect.PartitionOptions{Ahead: 4, Logger: quiet}, time.Now().AddDate(0, 0, -5)); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := sqlxoutbox.NewDB(fx.DB, sqlxoutbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &outbox{db: fx.DB, d: dialect.Postgres, table: fx.Dialect.Quote(fx.Table), name: fx.Table.String(), ob: ob}
+	ids := o.produce(t, 60)
+	o.publishAll(t)
+	// 20 events on each of five, four and three days ago; one of the last
+	// day's stays pending.
+	for i, id := range ids {
+		if err := sqlfixture.Backdate(ctx, fx.DB, fx.Dialect, o.name, id, time.Duration(5-i/20)*24*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.exec(t, "UPDATE "+o.table+" SET published_at = NULL WHERE event_id = ?", ids[59])
+	// exists reports whether the partition of the day so many days ago is there.
+	exists := func(daysAgo int) bool {
+		var ok bool
+		name := o.name + "_p" + time.Now().UTC().AddDate(0, 0, -daysAgo).Format("20060102")
+		if err := fx.DB.QueryRow("SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !exists(5) || !exists(4) || !exists(3) {
+		t.Fatal("the past partitions were not made")
+	}
+	pm, err := dialect.NewPartitionMaintainer(fx.DB, dialect.Postgres, popts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := openBucket(t)
+	a, err := archive.New(ob, b, archive.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := core.Cleanup(ctx, a.Then(pm), core.CleanupOptions{Retention: 36 * time.Hour, BatchSize: 25, Logger: quiet})
+	if err != nil || n != 59 {
+		t.Fatalf("cleanup: %d, %v; want the 59 published events archived", n, err)
+	}
+	if got := archived(t, b, ""); !slices.Equal(idsOf(got), ids[:59]) {
+		t.Fatalf("archive holds %d events", len(got))
+	}
+	if exists(5) || exists(4) || !exists(3) {
+		t.Fatalf("partitions of 5, 4, 3 days ago exist: %v %v %v; want the two emptied ones dropped, the one with a pending event kept",
+			exists(5), exists(4), exists(3))
+	}
+	if left := o.count(t, "1=1"); left != 1 {
+		t.Fatalf("%d rows left, want the pending one", left)
 	}
 }

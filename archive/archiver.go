@@ -173,6 +173,27 @@ func (a *Archiver) DeletePublished(ctx context.Context, before time.Time, limit 
 	return r.Deleted, err
 }
 
+// Then returns a core.Cleaner that archives with a and, once a pass has
+// archived everything due, runs next: with a dialect.PartitionMaintainer
+// as next, a day-partitioned outbox is archived and its emptied partitions
+// are dropped. A partition is dropped only when it holds no pending, dead
+// or recently published event, so never before its events are archived.
+func (a *Archiver) Then(next core.Cleaner) core.Cleaner { return &then{a: a, next: next} }
+
+type then struct {
+	a    *Archiver
+	next core.Cleaner
+}
+
+func (t *then) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {
+	n, err := t.a.DeletePublished(ctx, before, limit)
+	if err != nil || n >= int64(limit) {
+		return n, err
+	}
+	m, err := t.next.DeletePublished(ctx, before, limit)
+	return n + m, err
+}
+
 func (r *Result) add(o Result) {
 	r.Events += o.Events
 	r.Objects += o.Objects

@@ -12,6 +12,7 @@ import (
 	_ "gocloud.dev/blob/s3blob"   // s3:// buckets
 
 	"github.com/txoutbox/txoutbox/archive"
+	"github.com/txoutbox/txoutbox/dialect"
 )
 
 // bucketHelp documents bucket URLs where a command takes one.
@@ -40,10 +41,11 @@ func openBucket(ctx context.Context, flag, rawURL string) (*blob.Bucket, error) 
 
 func (a *app) archiveCommand() *cobra.Command {
 	var (
-		to, prefix string
-		retention  time.Duration
-		batchSize  int
-		quiet      bool
+		to, prefix  string
+		retention   time.Duration
+		batchSize   int
+		quiet       bool
+		partitioned bool
 	)
 	cmd := &cobra.Command{
 		Use:   "archive",
@@ -58,7 +60,8 @@ the work without a second copy. Pending and dead events are never archived.
 One archiver works at a time: another one finds the lock held and exits with
 an error saying so. The relay can archive on its schedule instead of deleting
 (relay --cleanup-interval --archive-to). 'txoutbox replay --from' publishes
-archived events again.
+archived events again. For a table made by 'migrate --partitioned', pass
+--partitioned: the partitions archiving emptied are then dropped whole.
 
 ` + bucketHelp,
 		Example: `  txoutbox archive --to 'file:///var/lib/txoutbox/archive?create_dir=true'
@@ -98,6 +101,16 @@ archived events again.
 			if err != nil {
 				return err
 			}
+			if partitioned {
+				// The partitions archiving emptied go whole.
+				pm, err := dialect.NewPartitionMaintainer(db.db, db.dialect, dialect.PartitionOptions{Table: a.table, Logger: a.log})
+				if err != nil {
+					return fmt.Errorf("%w: %w", ErrUsage, err)
+				}
+				if _, err := pm.DeletePublished(ctx, before, 1); err != nil {
+					return err
+				}
+			}
 			a.log.Info("txoutbox: archive done", "events", res.Events, "objects", res.Objects, "reused", res.Reused,
 				"deleted", res.Deleted, "retention", retention, "took", time.Since(start).Round(time.Millisecond))
 			fmt.Fprintf(a.stdout, "archived %d event(s) older than %s in %d object(s); deleted %d row(s)\n",
@@ -111,6 +124,7 @@ archived events again.
 	fl.DurationVar(&retention, "retention", 30*24*time.Hour, "archive events published longer ago than this")
 	fl.IntVar(&batchSize, "batch-size", 10_000, "events per batch (object, DELETE)")
 	fl.BoolVarP(&quiet, "quiet", "q", false, "no progress lines")
+	fl.BoolVar(&partitioned, "partitioned", false, "the table is partitioned by day (migrate --partitioned): drop the partitions archiving emptied")
 	return cmd
 }
 

@@ -166,8 +166,8 @@ func checkRelayFlags(f relayFlags) error {
 		return usagef("--lag-threshold %s and --stats-interval %s: want positive durations", f.lagThreshold, f.statsInterval)
 	case f.cleanupInterval < 0 || f.retention <= 0:
 		return usagef("--cleanup-interval %s: want 0 (never) or more; --retention %s: want a positive duration", f.cleanupInterval, f.retention)
-	case f.archiveTo != "" && (f.cleanupInterval == 0 || f.partitioned):
-		return usagef("--archive-to needs --cleanup-interval, and archives row by row: not with --partitioned")
+	case f.archiveTo != "" && f.cleanupInterval == 0:
+		return usagef("--archive-to needs --cleanup-interval")
 	}
 	return nil
 }
@@ -316,7 +316,12 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 			if err != nil {
 				return err
 			}
-			cleaner = ar
+			// A partitioned table: archive, then drop what it emptied.
+			if f.partitioned {
+				cleaner = ar.Then(cleaner)
+			} else {
+				cleaner = ar
+			}
 		}
 		bg.Add(1)
 		go func() {
