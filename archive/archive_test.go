@@ -37,7 +37,9 @@ type outbox struct {
 	ob    *sqlxoutbox.Outbox
 }
 
-func openOutbox(t *testing.T, backend string) *outbox {
+func openOutbox(t *testing.T, backend string) *outbox { return openOutboxTB(t, backend) }
+
+func openOutboxTB(t testing.TB, backend string) *outbox {
 	t.Helper()
 	var fx *sqlfixture.DB
 	switch backend {
@@ -118,7 +120,7 @@ func (o *outbox) count(t *testing.T, where string) int {
 	return n
 }
 
-func openBucket(t *testing.T) (*blob.Bucket, string) {
+func openBucket(t testing.TB) (*blob.Bucket, string) {
 	t.Helper()
 	dir := t.TempDir()
 	b, err := fileblob.OpenBucket(dir, nil)
