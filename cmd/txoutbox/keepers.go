@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"gocloud.dev/secrets"
+	_ "gocloud.dev/secrets/awskms"       // awskms:// keepers
 	_ "gocloud.dev/secrets/localsecrets" // base64key:// keepers
 
 	"github.com/txoutbox/txoutbox/core"
@@ -18,7 +19,8 @@ version, opens the events sealed with that key: the relay publishes them in
 clear, and 'dead list --format json' shows their payload. Without the key a
 sealed payload is shown as "encrypted" with its key ID, and the relay passes it
 through sealed. URLs are gocloud.dev/secrets keepers: base64key://<32 bytes in
-base64 URL encoding>. The value is a secret: prefer the TXOUTBOX_KEEPER
+base64 URL encoding>, or awskms://<key ID or alias>?region=... (credentials
+from the usual AWS sources). The value is a secret: prefer the TXOUTBOX_KEEPER
 variable to the command line.`
 
 // sealer returns the Sealer of the --keeper flags, nil without any; it
