@@ -118,25 +118,8 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 	defer cancel()
 	// Every committed event took effect and was marked published, so the
 	// relay sends nothing more...
-	for {
-		effects, err := in.Effects(ctx)
-		if err != nil {
-			t.Fatalf("Effects: %v", err)
-		}
-		missing := 0
-		for _, ev := range committed {
-			if effects[ev.ID] == 0 {
-				missing++
-			}
-		}
-		if missing == 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%d of %d committed events never took effect (faults %+v)", missing, len(committed), faulty.Counts())
-		case <-time.After(50 * time.Millisecond):
-		}
+	if missing := awaitEffects(t, ctx, in, committed); missing > 0 {
+		t.Fatalf("%d of %d committed events never took effect (faults %+v)", missing, len(committed), faulty.Counts())
 	}
 	waitPublished(t, ctx, f, committed)
 	// ...and the duplicates and redeliveries still in flight have landed.
@@ -215,5 +198,31 @@ func onceRunRouter(t *testing.T, r *message.Router) {
 	case <-r.Running():
 	case <-time.After(envDeliveryTimeout(t)):
 		t.Fatal("router did not start")
+	}
+}
+
+// awaitEffects waits until every event of evs has taken effect in in, or
+// ctx ends, and returns how many had not.
+func awaitEffects(t *testing.T, ctx context.Context, in *InboxFixture, evs []core.Event) (missing int) {
+	t.Helper()
+	for {
+		effects, err := in.Effects(ctx)
+		if err != nil && ctx.Err() == nil {
+			t.Fatalf("Effects: %v", err)
+		}
+		missing = 0
+		for _, ev := range evs {
+			if effects[ev.ID] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return missing
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }

@@ -1,0 +1,250 @@
+package outboxtest
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/inbox"
+)
+
+// Fault is a fault that RunFault injects while producers write: Inject
+// starts it, Heal ends it Duration later.
+type Fault struct {
+	// Name names the fault in the report ("broker blackhole").
+	Name string
+	// Inject and Heal start and end the fault; they fail the test on
+	// error.
+	Inject, Heal func(t *testing.T)
+	// Duration is how long the fault lasts. Default 2s.
+	Duration time.Duration
+}
+
+// FaultOptions configures RunFault.
+type FaultOptions struct {
+	// Ordering is the relay's ordering mode (core.OrderingOn checks
+	// per-aggregate order at the consumer).
+	Ordering core.OrderingMode
+	// Rate is how many events producers commit per second, in
+	// transactions of two. Default 100.
+	Rate int
+	// Before and After are how long producers write before the fault and
+	// after it is healed. Default 1s each.
+	Before, After time.Duration
+	// Relay overrides the relay's options (Ordering and Logger are set by
+	// RunFault). Default: batches of 25, a 50ms poll, backoff from 100ms
+	// to 1s, a 2s publish timeout.
+	Relay *core.RelayOptions
+}
+
+// FaultReport is one cell of a fault matrix.
+type FaultReport struct {
+	Fault string
+	// Ordered reports whether the relay ran in ordered mode.
+	Ordered bool
+	// Committed events were written by producers; Delivered reached the
+	// consumer at least once; Duplicates counts deliveries beyond the
+	// first; DoubleEffects counts events whose effect the inbox let
+	// through twice; Reorderings counts events first delivered before an
+	// earlier event of their aggregate (ordered mode); Lost counts
+	// committed events that never took effect.
+	Committed, Delivered, Duplicates, DoubleEffects, Reorderings, Lost int
+	// FirstDelivery is the time from the end of the fault to the first
+	// delivery after it; Drained to the first delivery of the last event
+	// committed before the end of the fault (the fault's backlog empty).
+	FirstDelivery, Drained time.Duration
+}
+
+// String is the report as a Markdown table row.
+func (r FaultReport) String() string {
+	mode := "unordered"
+	if r.Ordered {
+		mode = "ordered"
+	}
+	return fmt.Sprintf("| %s | %s | %d | %d | %d | %d | %d | %d | %s | %s |", r.Fault, mode, r.Committed, r.Delivered,
+		r.Duplicates, r.DoubleEffects, r.Reorderings, r.Lost, r.FirstDelivery.Round(time.Millisecond), r.Drained.Round(time.Millisecond))
+}
+
+// FaultTableHeader is the header of a table of FaultReport rows.
+const FaultTableHeader = "| fault | mode | committed | delivered | duplicates | double effects | reorderings | lost | first delivery after the fault | backlog empty after the fault |\n|---|---|---|---|---|---|---|---|---|---|"
+
+// RunFault runs the whole chain under a fault: producers commit events at
+// a steady rate into newStore's outbox before, during and after the fault;
+// the real core.Relay publishes them to newBroker's broker; one consumer
+// takes effect through newInbox's inbox. The store's relay side and the
+// broker's publisher are where the fault goes (give them handles through a
+// fault proxy, e.g. package faultproxy). It fails the test when an event
+// is lost, takes effect twice, or (ordered mode) is first delivered before
+// an earlier event of its aggregate, and returns the cell's figures.
+func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newInbox NewInboxFunc, fault Fault, opts FaultOptions) FaultReport {
+	t.Helper()
+	if fault.Duration == 0 {
+		fault.Duration = 2 * time.Second
+	}
+	if opts.Rate == 0 {
+		opts.Rate = 100
+	}
+	if opts.Before == 0 {
+		opts.Before = time.Second
+	}
+	if opts.After == 0 {
+		opts.After = time.Second
+	}
+	f, b, in := newStore(t), newBroker(t), newInbox(t)
+	et := uniqueType("fault")
+	consumer := "suite-fault-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+
+	var (
+		mu         sync.Mutex
+		deliveries = map[string]int{}
+		firstAt    = map[string]time.Time{}
+		order      []string // event IDs in order of first delivery
+		healedAt   time.Time
+		firstAfter time.Time
+		beforeHeal int // events committed before the fault was healed
+	)
+	count := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			id := msg.Metadata.Get(core.HeaderEventID)
+			now := time.Now()
+			mu.Lock()
+			deliveries[id]++
+			if _, ok := firstAt[id]; !ok {
+				firstAt[id] = now
+				order = append(order, id)
+			}
+			if !healedAt.IsZero() && firstAfter.IsZero() {
+				firstAfter = now
+			}
+			mu.Unlock()
+			return h(msg)
+		}
+	}
+	mw, err := inbox.NewMiddleware(in.Inbox, inbox.Options{Consumer: consumer, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddMiddleware(count, mw)
+	r.AddConsumerHandler("fault", b.topic(et), b.Subscriber, func(msg *message.Message) error {
+		return in.Effect(msg.Context(), msg.Metadata.Get(core.HeaderEventID))
+	})
+	onceRunRouter(t, r)
+
+	ro := core.RelayOptions{
+		BatchSize: 25, PollInterval: 50 * time.Millisecond, Concurrency: 2, PublishTimeout: 2 * time.Second,
+		Retry: core.RetryPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, MaxAttempts: 1000},
+	}
+	if opts.Relay != nil {
+		ro = *opts.Relay
+	}
+	ro.Ordering = opts.Ordering
+	ro.Logger = testLogger(t)
+	relay := startRelay(t, f, b.Publisher, ro)
+
+	// Producers: two events a transaction over three aggregates, at the
+	// rate, until the fault has been healed for After.
+	var committed []core.Event
+	n := 0
+	tick := time.NewTicker(time.Second / time.Duration(max(opts.Rate/2, 1)))
+	defer tick.Stop()
+	start := time.Now()
+	injected := false
+	for {
+		now := time.Now()
+		if !injected && now.Sub(start) >= opts.Before {
+			fault.Inject(t)
+			injected = true
+		}
+		if injected && healedAt.IsZero() && now.Sub(start) >= opts.Before+fault.Duration {
+			fault.Heal(t)
+			mu.Lock()
+			healedAt = time.Now()
+			beforeHeal = len(committed)
+			mu.Unlock()
+		}
+		if !healedAt.IsZero() && now.Sub(healedAt) >= opts.After {
+			break
+		}
+		evs := suiteEvents(t, et, 2, 1)
+		for i := range evs {
+			agg := "agg-" + strconv.Itoa(n%3)
+			evs[i].AggregateID = agg
+			evs[i].Payload = []byte(`{"n":` + strconv.Itoa(n) + `}`)
+			n++
+		}
+		mustEnqueue(t, f, evs, true)
+		committed = append(committed, evs...)
+		<-tick.C
+	}
+
+	ctx, cancel := timeout(t, 2*b.deliveryTimeout(t)+fault.Duration)
+	defer cancel()
+	if missing := awaitEffects(t, ctx, in, committed); missing > 0 {
+		t.Errorf("%s: %d of %d committed events never took effect", fault.Name, missing, len(committed))
+	}
+	// Let redeliveries in flight land before counting effects.
+	time.Sleep(500 * time.Millisecond)
+	effects, err := in.Effects(context.Background())
+	if err != nil {
+		t.Fatalf("Effects: %v", err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	rep := FaultReport{Fault: fault.Name, Ordered: relay.Ordered(), Committed: len(committed), Delivered: len(firstAt)}
+	// The backlog of the fault is empty when the last event committed
+	// before the heal has been delivered.
+	for _, ev := range committed[:beforeHeal] {
+		if at, ok := firstAt[ev.ID]; ok && at.Sub(healedAt) > rep.Drained {
+			rep.Drained = at.Sub(healedAt)
+		}
+	}
+	if !firstAfter.IsZero() {
+		rep.FirstDelivery = firstAfter.Sub(healedAt)
+	}
+	for _, c := range deliveries {
+		rep.Duplicates += c - 1
+	}
+	seq := map[string]int{}
+	for i, ev := range committed {
+		seq[ev.ID] = i
+		switch effects[ev.ID] {
+		case 0:
+			rep.Lost++
+		case 1:
+		default:
+			rep.DoubleEffects++
+		}
+	}
+	if rep.Ordered {
+		aggOf := map[string]string{}
+		for _, ev := range committed {
+			aggOf[ev.ID] = ev.AggregateID
+		}
+		last := map[string]int{}
+		for _, id := range order {
+			agg := aggOf[id]
+			if prev, ok := last[agg]; ok && seq[id] < prev {
+				rep.Reorderings++
+				continue
+			}
+			last[agg] = seq[id]
+		}
+	}
+	if rep.Lost != 0 || rep.DoubleEffects != 0 || rep.Reorderings != 0 {
+		t.Errorf("%s: %d lost, %d double effects, %d reorderings; want none", fault.Name, rep.Lost, rep.DoubleEffects, rep.Reorderings)
+	}
+	t.Log(rep)
+	return rep
+}
