@@ -42,6 +42,10 @@ type FaultOptions struct {
 	// RunFault). Default: batches of 25, a 50ms poll, backoff from 100ms
 	// to 1s, a 2s publish timeout.
 	Relay *core.RelayOptions
+	// StartRelay, if set, starts the relay instead of RunFault (a relay
+	// process, for faults that kill it); it must relay the store's events
+	// to the broker in Ordering's mode until the test ends.
+	StartRelay func(t *testing.T)
 }
 
 // FaultReport is one cell of a fault matrix.
@@ -150,43 +154,59 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 	}
 	ro.Ordering = opts.Ordering
 	ro.Logger = testLogger(t)
-	relay := startRelay(t, f, b.Publisher, ro)
+	ordered := opts.Ordering == core.OrderingOn
+	if opts.StartRelay != nil {
+		opts.StartRelay(t)
+	} else {
+		ordered = startRelay(t, f, b.Publisher, ro).Ordered()
+	}
 
 	// Producers: two events a transaction over three aggregates, at the
-	// rate, until the fault has been healed for After.
+	// rate, on a goroutine of their own (a fault may hold them up), until
+	// the fault has been healed for After.
 	var committed []core.Event
-	n := 0
-	tick := time.NewTicker(time.Second / time.Duration(max(opts.Rate/2, 1)))
-	defer tick.Stop()
-	start := time.Now()
-	injected := false
-	for {
-		now := time.Now()
-		if !injected && now.Sub(start) >= opts.Before {
-			fault.Inject(t)
-			injected = true
-		}
-		if injected && healedAt.IsZero() && now.Sub(start) >= opts.Before+fault.Duration {
-			fault.Heal(t)
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(time.Second / time.Duration(max(opts.Rate/2, 1)))
+		defer tick.Stop()
+		for n := 0; ; {
+			evs := suiteEvents(t, et, 2, 1)
+			for i := range evs {
+				evs[i].AggregateID = "agg-" + strconv.Itoa(n%3)
+				evs[i].Payload = []byte(`{"n":` + strconv.Itoa(n) + `}`)
+				n++
+			}
+			if err := f.Enqueue(context.Background(), evs, true); err != nil {
+				t.Errorf("%s: a producer failed: %v", fault.Name, err)
+				return
+			}
 			mu.Lock()
-			healedAt = time.Now()
-			beforeHeal = len(committed)
+			committed = append(committed, evs...)
 			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
 		}
-		if !healedAt.IsZero() && now.Sub(healedAt) >= opts.After {
-			break
-		}
-		evs := suiteEvents(t, et, 2, 1)
-		for i := range evs {
-			agg := "agg-" + strconv.Itoa(n%3)
-			evs[i].AggregateID = agg
-			evs[i].Payload = []byte(`{"n":` + strconv.Itoa(n) + `}`)
-			n++
-		}
-		mustEnqueue(t, f, evs, true)
-		committed = append(committed, evs...)
-		<-tick.C
-	}
+	}()
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }); <-stopped }
+	t.Cleanup(halt) // when a fault's Inject or Heal fails the test
+	time.Sleep(opts.Before)
+	fault.Inject(t)
+	time.Sleep(fault.Duration)
+	fault.Heal(t)
+	mu.Lock()
+	healedAt = time.Now()
+	beforeHeal = len(committed)
+	mu.Unlock()
+	time.Sleep(opts.After)
+	halt()
+	mu.Lock()
+	committed = committed[:len(committed):len(committed)]
+	mu.Unlock()
 
 	ctx, cancel := timeout(t, 2*b.deliveryTimeout(t)+fault.Duration)
 	defer cancel()
@@ -202,7 +222,7 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 
 	mu.Lock()
 	defer mu.Unlock()
-	rep := FaultReport{Fault: fault.Name, Ordered: relay.Ordered(), Committed: len(committed), Delivered: len(firstAt)}
+	rep := FaultReport{Fault: fault.Name, Ordered: ordered, Committed: len(committed), Delivered: len(firstAt)}
 	// The backlog of the fault is empty when the last event committed
 	// before the heal has been delivered.
 	for _, ev := range committed[:beforeHeal] {

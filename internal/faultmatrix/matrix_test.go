@@ -2,12 +2,16 @@ package faultmatrix_test
 
 import (
 	"database/sql"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,6 +38,13 @@ var long = os.Getenv("TXOUTBOX_FAULTS") == "long"
 // relay's database and of the broker.
 type cell struct {
 	db, broker *faultproxy.Proxy
+	// dsn is the outbox database's (direct); brokerURL the broker's, as
+	// the CLI takes it; producers is the producers' pool.
+	dsn, brokerURL string
+	producers      *sql.DB
+	held           []*sql.Conn
+	relay          *exec.Cmd
+	ordering       string
 }
 
 // store makes a fresh PostgreSQL outbox whose producers write directly and
@@ -45,6 +56,9 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { direct.Close() })
+	// A pool the "pool exhausted" fault can take whole.
+	direct.SetMaxOpenConns(4)
+	c.dsn, c.producers = dsn, direct
 	fx := sqlfixture.New(t, direct, dialect.Postgres, sqlfixture.Options{SkipInbox: true})
 	u, _ := url.Parse(dsn)
 	c.db = faultproxy.Start(t, u.Host)
@@ -77,6 +91,7 @@ func (c *cell) rabbitMQ(t *testing.T) *outboxtest.BrokerFixture {
 	c.broker = faultproxy.Start(t, u.Host)
 	direct := u.String()
 	u.Host = c.broker.Addr()
+	c.brokerURL = u.String()
 	pub, err := amqpbroker.NewPublisher(amqpbroker.Options{URL: u.String(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -121,6 +136,7 @@ func (c *cell) kafka(t *testing.T) *outboxtest.BrokerFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cl.Close(); c.broker.Close() })
+	c.brokerURL = "kafka://" + strings.Join(cl.ListenAddrs(), ",")
 	pub, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: cl.ListenAddrs()})
 	if err != nil {
 		t.Fatal(err)
@@ -154,9 +170,16 @@ func (a advertised) Addr() net.Addr {
 	return ta
 }
 
-// faults are the faults of the matrix; each is injected on the cell's
-// proxies.
-func faults(c *cell) []outboxtest.Fault {
+// faultCase is a fault of the matrix; process runs the relay as a
+// process of the CLI, which the fault kills.
+type faultCase struct {
+	outboxtest.Fault
+	process bool
+}
+
+// faults are the faults of the matrix, injected on the cell's proxies,
+// pools and processes.
+func faults(c *cell) []faultCase {
 	d := 2 * time.Second
 	if long {
 		d = 30 * time.Second
@@ -172,7 +195,7 @@ func faults(c *cell) []outboxtest.Fault {
 	}
 	db := func() *faultproxy.Proxy { return c.db }
 	broker := func() *faultproxy.Proxy { return c.broker }
-	return []outboxtest.Fault{
+	fs := []outboxtest.Fault{
 		{Name: "broker latency 200ms", Duration: d, Inject: func(t *testing.T) { must(t, c.broker.Latency(200*time.Millisecond)) }, Heal: heal(broker)},
 		{Name: "broker bandwidth 8 KB/s", Duration: d, Inject: func(t *testing.T) { must(t, c.broker.Bandwidth(8)) }, Heal: heal(broker)},
 		{Name: "broker connections reset", Duration: d, Inject: func(t *testing.T) { must(t, c.broker.Reset()) }, Heal: heal(broker)},
@@ -180,7 +203,92 @@ func faults(c *cell) []outboxtest.Fault {
 		{Name: "broker refuses connections", Duration: d, Inject: func(t *testing.T) { c.broker.Refuse() }, Heal: heal(broker)},
 		{Name: "database blackholed (relay)", Duration: d, Inject: func(t *testing.T) { must(t, c.db.Blackhole()) }, Heal: heal(db)},
 		{Name: "database connections reset (relay)", Duration: d, Inject: func(t *testing.T) { must(t, c.db.Reset()) }, Heal: heal(db)},
+		{Name: "producers' pool exhausted", Duration: d, Inject: c.exhaustProducers, Heal: c.releaseProducers},
 	}
+	cases := make([]faultCase, 0, len(fs)+1)
+	for _, f := range fs {
+		cases = append(cases, faultCase{Fault: f})
+	}
+	return append(cases, faultCase{Fault: outboxtest.Fault{Name: "relay SIGKILL", Duration: d,
+		Inject: c.killRelay, Heal: c.startRelay}, process: true})
+}
+
+// exhaustProducers takes every connection of the producers' pool, each in
+// a transaction, so that producers wait for one.
+func (c *cell) exhaustProducers(t *testing.T) {
+	for range 4 {
+		conn, err := c.producers.Conn(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.ExecContext(t.Context(), "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+		c.held = append(c.held, conn)
+	}
+}
+
+func (c *cell) releaseProducers(t *testing.T) {
+	for _, conn := range c.held {
+		_, _ = conn.ExecContext(t.Context(), "ROLLBACK")
+		conn.Close()
+	}
+	c.held = nil
+}
+
+// startRelay starts a relay process (txoutbox relay) on the cell's outbox
+// and broker; the test's end stops it.
+func (c *cell) startRelay(t *testing.T) {
+	cmd := exec.Command(cliBinary(t), "relay", "--dsn", c.dsn, "--broker", c.brokerURL, "--ordering", c.ordering,
+		"--http-addr", "", "--poll-interval", "50ms", "--publish-timeout", "2s", "--initial-backoff", "100ms",
+		"--max-backoff", "1s", "--max-attempts", "1000", "--batch-size", "25", "--concurrency", "2", "--log-level", "warn")
+	cmd.Env = append(os.Environ(), "TXOUTBOX_DSN=", "TXOUTBOX_BROKER=")
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.relay = cmd
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("relay process output:\n%s", out)
+		}
+	})
+}
+
+func (c *cell) killRelay(t *testing.T) {
+	if err := c.relay.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.relay.Wait()
+}
+
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+// cliBinary builds the txoutbox command once per test run.
+func cliBinary(t *testing.T) string {
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "txoutbox-faults")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "txoutbox")
+		out, err := exec.Command("go", "build", "-o", binary, "github.com/txoutbox/txoutbox/cmd/txoutbox").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
 }
 
 var (
@@ -216,11 +324,14 @@ func TestFaultMatrix(t *testing.T) {
 					name := names[i].Name
 					ordered := map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode]
 					t.Run(ordered+"/"+strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
-						c := &cell{}
-						fault := faults(c)[i]
+						c := &cell{ordering: map[core.OrderingMode]string{core.OrderingOff: "off", core.OrderingOn: "on"}[mode]}
+						fc := faults(c)[i]
 						o := opts
 						o.Ordering = mode
-						rep := outboxtest.RunFault(t, c.store, b.new(c), c.inbox, fault, o)
+						if fc.process {
+							o.StartRelay = c.startRelay
+						}
+						rep := outboxtest.RunFault(t, c.store, b.new(c), c.inbox, fc.Fault, o)
 						reportMu.Lock()
 						reports[b.name] = append(reports[b.name], rep)
 						reportMu.Unlock()
