@@ -3,6 +3,7 @@ package outboxtest
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strconv"
 	"sync"
 	"testing"
@@ -42,6 +43,11 @@ type FaultOptions struct {
 	// RunFault). Default: batches of 25, a 50ms poll, backoff from 100ms
 	// to 1s, a 2s publish timeout.
 	Relay *core.RelayOptions
+	// ProducersMayFail lets producers' transactions fail during the fault
+	// (a database crash): the events of a failed one count as committed
+	// if the store has them once the fault is over (a commit whose answer
+	// was lost), and as never written otherwise.
+	ProducersMayFail bool
 	// StartRelay, if set, starts the relay instead of RunFault (a relay
 	// process, for faults that kill it); it must relay the store's events
 	// to the broker in Ordering's mode until the test ends.
@@ -164,7 +170,7 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 	// Producers: two events a transaction over three aggregates, at the
 	// rate, on a goroutine of their own (a fault may hold them up), until
 	// the fault has been healed for After.
-	var committed []core.Event
+	var committed, uncertain []core.Event
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -177,12 +183,20 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 				evs[i].Payload = []byte(`{"n":` + strconv.Itoa(n) + `}`)
 				n++
 			}
-			if err := f.Enqueue(context.Background(), evs, true); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := f.Enqueue(ctx, evs, true)
+			cancel()
+			mu.Lock()
+			switch {
+			case err == nil:
+				committed = append(committed, evs...)
+			case opts.ProducersMayFail:
+				uncertain = append(uncertain, evs...)
+			default:
+				mu.Unlock()
 				t.Errorf("%s: a producer failed: %v", fault.Name, err)
 				return
 			}
-			mu.Lock()
-			committed = append(committed, evs...)
 			mu.Unlock()
 			select {
 			case <-stop:
@@ -207,6 +221,17 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 	mu.Lock()
 	committed = committed[:len(committed):len(committed)]
 	mu.Unlock()
+	// A failed commit may have committed: the store says.
+	for _, ev := range uncertain {
+		if got, err := f.Get(t.Context(), ev.ID); err == nil {
+			ev.Seq = got.Seq
+			committed = append(committed, ev)
+		}
+	}
+	if len(uncertain) > 0 {
+		// In the order they were written (one producer: Seq order).
+		sort.SliceStable(committed, func(i, j int) bool { return committed[i].Seq < committed[j].Seq })
+	}
 
 	ctx, cancel := timeout(t, 2*b.deliveryTimeout(t)+fault.Duration)
 	defer cancel()

@@ -45,12 +45,19 @@ type cell struct {
 	held           []*sql.Conn
 	relay          *exec.Cmd
 	ordering       string
+	// pg, when set, is the crashable server the outbox lives on.
+	pg *crashable
 }
 
 // store makes a fresh PostgreSQL outbox whose producers write directly and
 // whose relay reads through c.db.
 func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
-	dsn := testenv.PostgresDSN(t)
+	var dsn string
+	if c.pg != nil {
+		dsn = c.pg.newDatabase(t)
+	} else {
+		dsn = testenv.PostgresDSN(t)
+	}
 	direct, err := sql.Open("pgx", dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +181,8 @@ func (a advertised) Addr() net.Addr {
 // process of the CLI, which the fault kills.
 type faultCase struct {
 	outboxtest.Fault
-	process bool
+	process bool // the relay runs as a process
+	crash   bool // the outbox is on a server of its own, which the fault crashes
 }
 
 // faults are the faults of the matrix, injected on the cell's proxies,
@@ -209,8 +217,12 @@ func faults(c *cell) []faultCase {
 	for _, f := range fs {
 		cases = append(cases, faultCase{Fault: f})
 	}
-	return append(cases, faultCase{Fault: outboxtest.Fault{Name: "relay SIGKILL", Duration: d,
-		Inject: c.killRelay, Heal: c.startRelay}, process: true})
+	return append(cases,
+		faultCase{Fault: outboxtest.Fault{Name: "relay SIGKILL", Duration: d, Inject: c.killRelay, Heal: c.startRelay}, process: true},
+		faultCase{Fault: outboxtest.Fault{Name: "PostgreSQL crash (immediate stop, start)", Duration: d,
+			Inject: func(t *testing.T) { crashMu.Lock(); c.pg.crash(t) },
+			Heal:   func(t *testing.T) { defer crashMu.Unlock(); c.pg.start(t) }}, crash: true},
+	)
 }
 
 // exhaustProducers takes every connection of the producers' pool, each in
@@ -330,6 +342,10 @@ func TestFaultMatrix(t *testing.T) {
 						o.Ordering = mode
 						if fc.process {
 							o.StartRelay = c.startRelay
+						}
+						if fc.crash {
+							c.pg = startCrashable(t)
+							o.ProducersMayFail = true
 						}
 						rep := outboxtest.RunFault(t, c.store, b.new(c), c.inbox, fc.Fault, o)
 						reportMu.Lock()
