@@ -228,6 +228,23 @@ func (r *Relay) Notify() {
 	}
 }
 
+// RelayHealth is what a relay knows of its dependencies: whether the
+// latest batches failed for want of the broker or of the store. Each turns
+// true with the relay's "down" log line and false with its "back" line.
+type RelayHealth struct {
+	// BrokerDown: the broker took no event of the latest batch that
+	// reached it.
+	BrokerDown bool
+	// StoreDown: the latest batch failed at the store (claim or mark).
+	StoreDown bool
+}
+
+// Health reports the relay's view of its dependencies (for metrics and
+// health checks).
+func (r *Relay) Health() RelayHealth {
+	return RelayHealth{BrokerDown: r.brokerDown.Load(), StoreDown: r.storeDown.Load()}
+}
+
 // Counters returns the running totals.
 func (r *Relay) Counters() RelayCounters {
 	return RelayCounters{

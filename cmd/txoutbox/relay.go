@@ -281,6 +281,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if l, ok := relay.Leaser().(*ordered.Leaser); ok {
 		registerLeaserMetrics(reg, l)
 	}
+	registerHealthMetrics(reg, relay)
 	mon, err := core.NewMonitor(ob, met.MonitorOptions(core.MonitorOptions{Interval: f.statsInterval, Logger: a.log}))
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
@@ -447,6 +448,25 @@ func (a *app) drain(ctx context.Context, relay *core.Relay, ob *sqlxoutbox.Outbo
 // registerLeaserMetrics exposes the partition leases of ordered mode: how
 // many partitions this relay holds (summed over relays it should equal the
 // partition count) and how often leases changed hands.
+// registerHealthMetrics exports the relay's view of its dependencies, the
+// states its "down" and "back" log lines announce.
+func registerHealthMetrics(reg prometheus.Registerer, r *core.Relay) {
+	up := func(down bool) float64 {
+		if down {
+			return 0
+		}
+		return 1
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Name: "broker_up",
+			Help: "0 while the broker takes no event of the relay's batches, 1 otherwise."},
+			func() float64 { return up(r.Health().BrokerDown) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Name: "store_up",
+			Help: "0 while the relay's batches fail at the database, 1 otherwise."},
+			func() float64 { return up(r.Health().StoreDown) }),
+	)
+}
+
 func registerLeaserMetrics(reg prometheus.Registerer, l *ordered.Leaser) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Name: "partitions_held",

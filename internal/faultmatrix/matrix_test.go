@@ -3,12 +3,15 @@ package faultmatrix_test
 import (
 	"database/sql"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -44,6 +47,9 @@ type cell struct {
 	producers      *sql.DB
 	held           []*sql.Conn
 	relay          *exec.Cmd
+	relayLog       *lockedBuffer // the output of the latest relay process
+	httpAddr       string        // its /healthz and /metrics
+	relayDSN       string        // the relay's database, through c.db
 	ordering       string
 	// pg, when set, is the crashable server the outbox lives on.
 	pg *crashable
@@ -75,6 +81,7 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 	q := u.Query()
 	q.Set("connect_timeout", "2")
 	u.RawQuery = q.Encode()
+	c.relayDSN = u.String()
 	proxied, err := sql.Open("pgx", u.String())
 	if err != nil {
 		t.Fatal(err)
@@ -177,12 +184,18 @@ func (a advertised) Addr() net.Addr {
 	return ta
 }
 
-// faultCase is a fault of the matrix; process runs the relay as a
-// process of the CLI, which the fault kills.
+// faultCase is a fault of the matrix. Every cell runs the relay as a
+// process of the CLI (txoutbox relay), whose /healthz, /metrics and log
+// the cell checks.
 type faultCase struct {
 	outboxtest.Fault
-	process bool // the relay runs as a process
-	crash   bool // the outbox is on a server of its own, which the fault crashes
+	crash bool // the outbox is on a server of its own, which the fault crashes
+	// signals is what the relay must report while the fault lasts:
+	// "broker" (txoutbox_broker_up 0, one down and one back log line),
+	// "store" (/healthz 503, txoutbox_store_up 0, one down and one back
+	// line), "healthz" (/healthz 503: a blackholed database holds the
+	// relay's queries rather than failing them), or "" (nothing to see).
+	signals string
 }
 
 // faults are the faults of the matrix, injected on the cell's proxies,
@@ -203,26 +216,25 @@ func faults(c *cell) []faultCase {
 	}
 	db := func() *faultproxy.Proxy { return c.db }
 	broker := func() *faultproxy.Proxy { return c.broker }
-	fs := []outboxtest.Fault{
-		{Name: "broker latency 200ms", Duration: d, Inject: func(t *testing.T) { must(t, c.broker.Latency(200*time.Millisecond)) }, Heal: heal(broker)},
-		{Name: "broker bandwidth 8 KB/s", Duration: d, Inject: func(t *testing.T) { must(t, c.broker.Bandwidth(8)) }, Heal: heal(broker)},
-		{Name: "broker connections reset", Duration: d, Inject: func(t *testing.T) { must(t, c.broker.Reset()) }, Heal: heal(broker)},
-		{Name: "broker blackholed", Duration: d, Inject: func(t *testing.T) { must(t, c.broker.Blackhole()) }, Heal: heal(broker)},
-		{Name: "broker refuses connections", Duration: d, Inject: func(t *testing.T) { c.broker.Refuse() }, Heal: heal(broker)},
-		{Name: "database blackholed (relay)", Duration: d, Inject: func(t *testing.T) { must(t, c.db.Blackhole()) }, Heal: heal(db)},
-		{Name: "database connections reset (relay)", Duration: d, Inject: func(t *testing.T) { must(t, c.db.Reset()) }, Heal: heal(db)},
-		{Name: "producers' pool exhausted", Duration: d, Inject: c.exhaustProducers, Heal: c.releaseProducers},
+	fault := func(name, signals string, inject func(t *testing.T), heal func(t *testing.T)) faultCase {
+		return faultCase{Fault: outboxtest.Fault{Name: name, Duration: d, Inject: inject, Heal: heal}, signals: signals}
 	}
-	cases := make([]faultCase, 0, len(fs)+1)
-	for _, f := range fs {
-		cases = append(cases, faultCase{Fault: f})
+	crash := fault("PostgreSQL crash (immediate stop, start)", "store",
+		func(t *testing.T) { crashMu.Lock(); c.pg.crash(t) },
+		func(t *testing.T) { defer crashMu.Unlock(); c.pg.start(t) })
+	crash.crash = true
+	return []faultCase{
+		fault("broker latency 200ms", "", func(t *testing.T) { must(t, c.broker.Latency(200*time.Millisecond)) }, heal(broker)),
+		fault("broker bandwidth 8 KB/s", "", func(t *testing.T) { must(t, c.broker.Bandwidth(8)) }, heal(broker)),
+		fault("broker connections reset", "broker", func(t *testing.T) { must(t, c.broker.Reset()) }, heal(broker)),
+		fault("broker blackholed", "broker", func(t *testing.T) { must(t, c.broker.Blackhole()) }, heal(broker)),
+		fault("broker refuses connections", "broker", func(t *testing.T) { c.broker.Refuse() }, heal(broker)),
+		fault("database blackholed (relay)", "healthz", func(t *testing.T) { must(t, c.db.Blackhole()) }, heal(db)),
+		fault("database connections reset (relay)", "store", func(t *testing.T) { must(t, c.db.Reset()) }, heal(db)),
+		fault("producers' pool exhausted", "", c.exhaustProducers, c.releaseProducers),
+		fault("relay SIGKILL", "", c.killRelay, c.startRelay),
+		crash,
 	}
-	return append(cases,
-		faultCase{Fault: outboxtest.Fault{Name: "relay SIGKILL", Duration: d, Inject: c.killRelay, Heal: c.startRelay}, process: true},
-		faultCase{Fault: outboxtest.Fault{Name: "PostgreSQL crash (immediate stop, start)", Duration: d,
-			Inject: func(t *testing.T) { crashMu.Lock(); c.pg.crash(t) },
-			Heal:   func(t *testing.T) { defer crashMu.Unlock(); c.pg.start(t) }}, crash: true},
-	)
 }
 
 // exhaustProducers takes every connection of the producers' pool, each in
@@ -251,11 +263,20 @@ func (c *cell) releaseProducers(t *testing.T) {
 // startRelay starts a relay process (txoutbox relay) on the cell's outbox
 // and broker; the test's end stops it.
 func (c *cell) startRelay(t *testing.T) {
-	cmd := exec.Command(cliBinary(t), "relay", "--dsn", c.dsn, "--broker", c.brokerURL, "--ordering", c.ordering,
-		"--http-addr", "", "--poll-interval", "50ms", "--publish-timeout", "2s", "--initial-backoff", "100ms",
-		"--max-backoff", "1s", "--max-attempts", "1000", "--batch-size", "25", "--concurrency", "2", "--log-level", "warn")
+	if c.httpAddr == "" {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.httpAddr = l.Addr().String()
+		l.Close()
+	}
+	cmd := exec.Command(cliBinary(t), "relay", "--dsn", c.relayDSN, "--broker", c.brokerURL, "--ordering", c.ordering,
+		"--http-addr", c.httpAddr, "--poll-interval", "50ms", "--publish-timeout", "2s", "--initial-backoff", "100ms",
+		"--max-backoff", "1s", "--max-attempts", "1000", "--batch-size", "25", "--concurrency", "2", "--stats-interval", "500ms")
 	cmd.Env = append(os.Environ(), "TXOUTBOX_DSN=", "TXOUTBOX_BROKER=")
-	out := &strings.Builder{}
+	out := &lockedBuffer{}
+	c.relayLog = out
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -340,14 +361,19 @@ func TestFaultMatrix(t *testing.T) {
 						fc := faults(c)[i]
 						o := opts
 						o.Ordering = mode
-						if fc.process {
-							o.StartRelay = c.startRelay
-						}
+						o.StartRelay = c.startRelay
 						if fc.crash {
 							c.pg = startCrashable(t)
 							o.ProducersMayFail = true
 						}
-						rep := outboxtest.RunFault(t, c.store, b.new(c), c.inbox, fc.Fault, o)
+						fault := fc.Fault
+						if fc.signals != "" {
+							// Before the fault is healed, the relay must say so.
+							heal := fault.Heal
+							fault.Heal = func(t *testing.T) { c.checkDuring(t, fc.signals); heal(t) }
+						}
+						rep := outboxtest.RunFault(t, c.store, b.new(c), c.inbox, fault, o)
+						c.checkAfter(t, fc.signals)
 						reportMu.Lock()
 						reports[b.name] = append(reports[b.name], rep)
 						reportMu.Unlock()
@@ -369,4 +395,116 @@ func joinReports(rs []outboxtest.FaultReport) string {
 		lines[i] = r.String()
 	}
 	return strings.Join(lines, "\n")
+}
+
+// lockedBuffer collects a process's output.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// get returns the status and body of the relay's path.
+func (c *cell) get(path string) (int, string) {
+	cl := http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Get("http://" + c.httpAddr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (c *cell) gauge(name string) string {
+	_, body := c.get("/metrics")
+	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindStringSubmatch(body)
+	if m == nil {
+		return "absent"
+	}
+	return m[1]
+}
+
+// checkDuring waits (at most 10s) until the relay reports the fault.
+func (c *cell) checkDuring(t *testing.T, signals string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var ok bool
+		var state string
+		code, _ := c.get("/healthz")
+		switch signals {
+		case "broker":
+			state = "txoutbox_broker_up " + c.gauge("txoutbox_broker_up")
+			ok = state == "txoutbox_broker_up 0"
+		case "store":
+			state = fmt.Sprintf("/healthz %d, txoutbox_store_up %s", code, c.gauge("txoutbox_store_up"))
+			ok = state == "/healthz 503, txoutbox_store_up 0"
+		case "healthz":
+			state = fmt.Sprintf("/healthz %d", code)
+			ok = code == http.StatusServiceUnavailable
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("during the fault the relay reported %s", state)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Log lines of the relay that announce a dependency's state.
+const (
+	brokerDownLine = "the broker took no event of the batch"
+	brokerBackLine = "the broker takes events again"
+	storeDownLine  = "relay batch failed; retrying with backoff"
+	storeBackLine  = "relay batches succeed again"
+)
+
+// checkAfter checks that the relay reports health again, and that it
+// logged the fault's start and end once each, not once per failure.
+func (c *cell) checkAfter(t *testing.T, signals string) {
+	t.Helper()
+	if c.httpAddr == "" || c.relayLog == nil {
+		return
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, _ := c.get("/healthz")
+		b, s := c.gauge("txoutbox_broker_up"), c.gauge("txoutbox_store_up")
+		if code == http.StatusOK && b == "1" && s == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("after the fault: /healthz %d, txoutbox_broker_up %s, txoutbox_store_up %s; want 200, 1, 1", code, b, s)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	out := c.relayLog.String()
+	for _, pair := range [][2]string{{brokerDownLine, brokerBackLine}, {storeDownLine, storeBackLine}} {
+		down, back := strings.Count(out, pair[0]), strings.Count(out, pair[1])
+		want := (signals == "broker" && pair[0] == brokerDownLine) || (signals == "store" && pair[0] == storeDownLine)
+		switch {
+		case down != back:
+			t.Errorf("the relay logged %q %d times and %q %d times: a state left unannounced", pair[0], down, pair[1], back)
+		case want && down == 0:
+			t.Errorf("the relay never logged %q", pair[0])
+		case down > 3:
+			t.Errorf("the relay logged %q %d times during one fault: per failure, not per change of state", pair[0], down)
+		}
+	}
 }
