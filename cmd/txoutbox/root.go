@@ -104,7 +104,7 @@ func Execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "txoutbox",
-		Short: "Operate a transactional outbox: migrate, relay, stats, dead letters, replay, cleanup",
+		Short: "Operate a transactional outbox: migrate, relay, stats, dead letters, replay, cleanup, archive",
 		Long: `txoutbox operates a transactional outbox.
 
 Producers write events into the outbox table in the same transaction as their
