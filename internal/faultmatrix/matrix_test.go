@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
@@ -53,11 +54,16 @@ type cell struct {
 	ordering       string
 	// pg, when set, is the crashable server the outbox lives on.
 	pg *crashable
+	// mariaDB puts the outbox on MariaDB instead of PostgreSQL.
+	mariaDB bool
 }
 
 // store makes a fresh PostgreSQL outbox whose producers write directly and
 // whose relay reads through c.db.
 func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
+	if c.mariaDB {
+		return c.mariaDBStore(t)
+	}
 	var dsn string
 	if c.pg != nil {
 		dsn = c.pg.newDatabase(t)
@@ -88,6 +94,38 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 	}
 	t.Cleanup(func() { proxied.Close() })
 	ob, err := sqlxoutbox.NewDB(proxied, sqlxoutbox.Options{Dialect: dialect.Postgres, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fx.StoreFixture(ob)
+}
+
+// mariaDBStore is store on MariaDB: producers direct, the relay through
+// c.db.
+func (c *cell) mariaDBStore(t *testing.T) *outboxtest.StoreFixture {
+	dsn := testenv.MySQLDSN(t)
+	direct, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close() })
+	direct.SetMaxOpenConns(4)
+	c.dsn, c.producers = dsn, direct
+	fx := sqlfixture.New(t, direct, dialect.MySQL, sqlfixture.Options{SkipInbox: true})
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.db = faultproxy.Start(t, cfg.Addr)
+	cfg.Addr = c.db.Addr()
+	cfg.Timeout = 2 * time.Second
+	c.relayDSN = cfg.FormatDSN()
+	proxied, err := sql.Open("mysql", c.relayDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxied.Close() })
+	ob, err := sqlxoutbox.NewDB(proxied, sqlxoutbox.Options{Dialect: dialect.MySQL, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,12 +375,14 @@ var (
 func TestFaultMatrix(t *testing.T) {
 	t.Parallel()
 	type broker struct {
-		name string
-		new  func(c *cell) outboxtest.NewBrokerFunc
+		name    string
+		new     func(c *cell) outboxtest.NewBrokerFunc
+		mariaDB bool // the outbox on MariaDB
 	}
 	brokers := []broker{
-		{"RabbitMQ", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }},
-		{"Kafka", func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }},
+		{"RabbitMQ", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, false},
+		{"Kafka", func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }, false},
+		{"RabbitMQ, outbox on MariaDB", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, true},
 	}
 	opts := outboxtest.FaultOptions{}
 	if long {
@@ -355,9 +395,12 @@ func TestFaultMatrix(t *testing.T) {
 				names := faults(&cell{})
 				for i := range names {
 					name := names[i].Name
+					if b.mariaDB && names[i].crash {
+						continue // the crash cell runs a PostgreSQL cluster of its own
+					}
 					ordered := map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode]
 					t.Run(ordered+"/"+strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
-						c := &cell{ordering: map[core.OrderingMode]string{core.OrderingOff: "off", core.OrderingOn: "on"}[mode]}
+						c := &cell{ordering: map[core.OrderingMode]string{core.OrderingOff: "off", core.OrderingOn: "on"}[mode], mariaDB: b.mariaDB}
 						fc := faults(c)[i]
 						o := opts
 						o.Ordering = mode
