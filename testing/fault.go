@@ -183,7 +183,9 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 				evs[i].Payload = []byte(`{"n":` + strconv.Itoa(n) + `}`)
 				n++
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			// Longer than the fault: a producer may wait for it (an
+			// exhausted pool) rather than fail.
+			ctx, cancel := context.WithTimeout(context.Background(), fault.Duration+5*time.Second)
 			err := f.Enqueue(ctx, evs, true)
 			cancel()
 			mu.Lock()

@@ -400,26 +400,7 @@ func TestFaultMatrix(t *testing.T) {
 					}
 					ordered := map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode]
 					t.Run(ordered+"/"+strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
-						c := &cell{ordering: map[core.OrderingMode]string{core.OrderingOff: "off", core.OrderingOn: "on"}[mode], mariaDB: b.mariaDB}
-						fc := faults(c)[i]
-						o := opts
-						o.Ordering = mode
-						o.StartRelay = c.startRelay
-						if fc.crash {
-							c.pg = startCrashable(t)
-							o.ProducersMayFail = true
-						}
-						fault := fc.Fault
-						if fc.signals != "" {
-							// Before the fault is healed, the relay must say so.
-							heal := fault.Heal
-							fault.Heal = func(t *testing.T) { c.checkDuring(t, fc.signals); heal(t) }
-						}
-						rep := outboxtest.RunFault(t, c.store, b.new(c), c.inbox, fault, o)
-						c.checkAfter(t, fc.signals)
-						reportMu.Lock()
-						reports[b.name] = append(reports[b.name], rep)
-						reportMu.Unlock()
+						runCell(t, b.name, b.new, b.mariaDB, mode, opts, func(c *cell) faultCase { return faults(c)[i] })
 					})
 				}
 			}
@@ -430,6 +411,60 @@ func TestFaultMatrix(t *testing.T) {
 			t.Logf("%s\n%s\n%s", b.name, outboxtest.FaultTableHeader, joinReports(reports[b.name]))
 		}
 	})
+}
+
+// runCell runs one cell: a fresh outbox, broker and inbox, the relay
+// process, the fault of pick, and the checks of what the relay reports.
+func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBrokerFunc, mariaDB bool, mode core.OrderingMode,
+	opts outboxtest.FaultOptions, pick func(c *cell) faultCase) outboxtest.FaultReport {
+	c := &cell{ordering: map[core.OrderingMode]string{core.OrderingOff: "off", core.OrderingOn: "on"}[mode], mariaDB: mariaDB}
+	fc := pick(c)
+	o := opts
+	o.Ordering = mode
+	o.StartRelay = c.startRelay
+	if fc.crash {
+		c.pg = startCrashable(t)
+		o.ProducersMayFail = true
+	}
+	fault := fc.Fault
+	if fc.signals != "" {
+		// Before the fault is healed, the relay must say so.
+		heal := fault.Heal
+		fault.Heal = func(t *testing.T) { c.checkDuring(t, fc.signals); heal(t) }
+	}
+	rep := outboxtest.RunFault(t, c.store, newBroker(c), c.inbox, fault, o)
+	c.checkAfter(t, fc.signals)
+	reportMu.Lock()
+	reports[name] = append(reports[name], rep)
+	reportMu.Unlock()
+	return rep
+}
+
+// TestFaultMatrixOutage is the matrix's cell that stops the RabbitMQ
+// server itself (rabbitmqctl stop_app, then start_app): it takes down the
+// broker every test shares, so it runs with the outage tests, one package
+// at a time (see scripts/test.sh).
+func TestFaultMatrixOutage(t *testing.T) {
+	d := 2 * time.Second
+	if long {
+		d = 30 * time.Second
+	}
+	var rows []string
+	for _, mode := range []core.OrderingMode{core.OrderingOff, core.OrderingOn} {
+		t.Run(map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode], func(t *testing.T) {
+			rep := runCell(t, "RabbitMQ stopped", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, false, mode, outboxtest.FaultOptions{},
+				func(c *cell) faultCase {
+					return faultCase{Fault: outboxtest.Fault{Name: "broker stopped and started", Duration: d,
+						Inject: func(t *testing.T) { testenv.RabbitMQCtl(t, "stop_app") },
+						Heal: func(t *testing.T) {
+							testenv.RabbitMQCtl(t, "start_app")
+							testenv.RabbitMQCtl(t, "await_startup")
+						}}, signals: "broker"}
+				})
+			rows = append(rows, rep.String())
+		})
+	}
+	t.Logf("\n%s\n%s", outboxtest.FaultTableHeader, strings.Join(rows, "\n"))
 }
 
 func joinReports(rs []outboxtest.FaultReport) string {
@@ -546,7 +581,9 @@ func (c *cell) checkAfter(t *testing.T, signals string) {
 			t.Errorf("the relay logged %q %d times and %q %d times: a state left unannounced", pair[0], down, pair[1], back)
 		case want && down == 0:
 			t.Errorf("the relay never logged %q", pair[0])
-		case down > 3:
+		case down > 3 && !long:
+			// A long fault of a slow broker (latency, bandwidth) lets
+			// some batches through: the state does change back and forth.
 			t.Errorf("the relay logged %q %d times during one fault: per failure, not per change of state", pair[0], down)
 		}
 	}
