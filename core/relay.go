@@ -151,6 +151,9 @@ type BatchResult struct {
 	Published    int
 	Failed       int
 	DeadLettered int
+	// idle: an ordered worker held no partition, so the store was not
+	// asked; such a pass says nothing of the store's health.
+	idle bool
 }
 
 // Relay moves events from a Store to a Publisher: it claims due events in
@@ -373,7 +376,12 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			log.Error("txoutbox: relay stopped", "error", err)
 			return err
 		}
-		r.storeState(err, log)
+		if err != nil || !res.idle {
+			// A worker without partitions did not reach the store: it must
+			// not announce the store back (its leases may have lapsed
+			// because the store is down).
+			r.storeState(err, log)
+		}
 		var wait time.Duration
 		switch {
 		case err != nil:
@@ -476,7 +484,7 @@ func (r *Relay) processBatch(ctx context.Context, worker int) (BatchResult, erro
 	if r.ordered {
 		oc, ok := r.orderedRequest(worker)
 		if !ok {
-			return BatchResult{}, nil // no partitions held (yet)
+			return BatchResult{idle: true}, nil // no partitions held (yet)
 		}
 		req.Ordered = oc
 	}
