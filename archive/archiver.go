@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"log/slog"
 	"strconv"
@@ -385,17 +386,31 @@ func manifestOf(evs []core.Event, name, sum, digest string, size int) Manifest {
 	return m
 }
 
+// digester computes an events digest (Manifest.EventsDigest): the SHA-256
+// of a "seq id" line per event.
+type digester struct {
+	h hash.Hash
+	b []byte
+}
+
+func newDigester() *digester { return &digester{h: sha256.New(), b: make([]byte, 0, 64)} }
+
+func (d *digester) add(seq int64, id string) {
+	d.b = strconv.AppendInt(d.b[:0], seq, 10)
+	d.b = append(d.b, ' ')
+	d.b = append(d.b, id...)
+	d.b = append(d.b, '\n')
+	d.h.Write(d.b)
+}
+
+func (d *digester) sum() string { return hex.EncodeToString(d.h.Sum(nil)) }
+
 func eventsDigest(evs []core.Event) string {
-	h := sha256.New()
-	b := make([]byte, 0, 64)
+	d := newDigester()
 	for _, ev := range evs {
-		b = strconv.AppendInt(b[:0], ev.Seq, 10)
-		b = append(b, ' ')
-		b = append(b, ev.ID...)
-		b = append(b, '\n')
-		h.Write(b)
+		d.add(ev.Seq, ev.ID)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return d.sum()
 }
 
 // record is one archived event: one line of an object.
@@ -464,21 +479,16 @@ func readManifest(ctx context.Context, b *blob.Bucket, name string) (Manifest, e
 // count and the events' digest.
 func verify(ctx context.Context, b *blob.Bucket, m Manifest) error {
 	n := 0
-	h := sha256.New()
-	buf := make([]byte, 0, 64)
+	d := newDigester()
 	err := readObject(ctx, b, m, func(r record) error {
 		n++
-		buf = strconv.AppendInt(buf[:0], r.Seq, 10)
-		buf = append(buf, ' ')
-		buf = append(buf, r.ID...)
-		buf = append(buf, '\n')
-		h.Write(buf)
+		d.add(r.Seq, r.ID)
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	if n != m.Count || hex.EncodeToString(h.Sum(nil)) != m.EventsDigest {
+	if n != m.Count || d.sum() != m.EventsDigest {
 		return fmt.Errorf("%w: %s holds %d events, its manifest %d (or other events)", ErrCorrupt, m.Object, n, m.Count)
 	}
 	return nil

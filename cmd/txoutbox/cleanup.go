@@ -63,25 +63,8 @@ dead event is kept.`,
 				}
 				total = n
 			}
-			// On a terminal the progress line is rewritten in place; in a
-			// log file or pipe each batch gets its own line.
-			tty := isTerminal(a.stderr)
-			progressed := false
-			if !quiet {
-				opts.OnProgress = func(deleted int64) {
-					progressed = true
-					rate := float64(deleted) / max(time.Since(start).Seconds(), 1e-3)
-					of := ""
-					if total > 0 {
-						of = fmt.Sprintf(" of %d (%d%%)", total, min(100, deleted*100/total))
-					}
-					if tty {
-						fmt.Fprintf(a.stderr, "\rdeleted %d%s events (%.0f/s)", deleted, of, rate)
-					} else {
-						fmt.Fprintf(a.stderr, "deleted %d%s events (%.0f/s)\n", deleted, of, rate)
-					}
-				}
-			}
+			p := a.progress("deleted", total, quiet)
+			opts.OnProgress = p.update
 			var cleaner core.Cleaner = ob
 			if partitioned {
 				pm, err := dialect.NewPartitionMaintainer(db.db, db.dialect, dialect.PartitionOptions{Table: a.table, Ahead: ahead, Logger: a.log})
@@ -91,9 +74,7 @@ dead event is kept.`,
 				cleaner = pm
 			}
 			n, err := core.Cleanup(cmd.Context(), cleaner, opts)
-			if tty && progressed {
-				fmt.Fprintln(a.stderr)
-			}
+			p.done()
 			if err != nil {
 				return err
 			}
