@@ -655,3 +655,17 @@ func (q *Queries) eventIDMatch(ids []string) (string, any, error) {
 func sqliteModifier(d time.Duration) string {
 	return fmt.Sprintf("%+.3f seconds", d.Seconds())
 }
+
+// LogTrigger is the BEFORE INSERT trigger of log mode (package logrelay):
+// it sends each event inserted into the outbox table to the write-ahead log
+// as a logical decoding message and keeps the row out of the table, so an
+// insert of events returns no rows.
+const LogTrigger = "txoutbox_log"
+
+// LogMode returns, on PostgreSQL, the query (no arguments, one boolean)
+// that tells whether the table carries LogTrigger, enabled. Stores ask it
+// when an insert of events returned no rows, to tell log mode from a fault.
+func (q *Queries) LogMode() string {
+	return "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass('" + q.t +
+		"') AND tgname = '" + LogTrigger + "' AND tgenabled <> 'D')"
+}

@@ -90,8 +90,8 @@ full_page_writes = ${TXOUTBOX_PG_FSYNC:-on}
 max_connections = 600
 shared_buffers = 256MB
 wal_level = logical
-max_wal_senders = 4
-max_replication_slots = 4
+max_wal_senders = 32
+max_replication_slots = 32
 CONF
 	su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $dir/data -l $dir/log -w -t 60 start" >&2
 	log "postgres up on 127.0.0.1:$PG_PORT"

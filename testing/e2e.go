@@ -22,9 +22,20 @@ func e2eRelayOptions(t *testing.T) core.RelayOptions {
 }
 
 // startRelay runs a relay until the test ends and waits for it to stop.
-func startRelay(t *testing.T, f *StoreFixture, pub core.Publisher, opts core.RelayOptions) *core.Relay {
+func startRelay(t *testing.T, f *StoreFixture, pub core.Publisher, opts core.RelayOptions) Relay {
 	t.Helper()
-	r := mustRelay(t, f, pub, opts)
+	var r Relay
+	if f.NewRelay == nil {
+		r = mustRelay(t, f, pub, opts)
+	} else {
+		if opts.Logger == nil {
+			opts.Logger = testLogger(t)
+		}
+		var err error
+		if r, err = f.NewRelay(pub, opts); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -178,6 +189,12 @@ func RunOutage(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 // waitPublished waits until the store marked every event published.
 func waitPublished(t *testing.T, ctx context.Context, f *StoreFixture, evs []core.Event) {
 	t.Helper()
+	if f.Settled != nil {
+		if err := f.Settled(ctx); err != nil {
+			t.Fatalf("the relay never confirmed the events that arrived: %v", err)
+		}
+		return
+	}
 	for _, ev := range evs {
 		for {
 			if s := mustGet(t, f, ev.ID); s.PublishedAt != nil {

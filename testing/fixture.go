@@ -51,6 +51,26 @@ type StoreFixture struct {
 	// connection (PostgreSQL), the lease for stores that lease rows
 	// (SQLite). Keep it short in fixtures.
 	ClaimLease time.Duration
+	// NewRelay, when set, builds the relay that RunEndToEnd, RunExactlyOnce
+	// and RunFault run, in place of core.NewRelay on Store: a relay of
+	// another mode, such as log mode (package logrelay), whose retry path
+	// is Store.
+	NewRelay func(pub core.Publisher, opts core.RelayOptions) (Relay, error)
+	// Settled, for relays that keep no row per published event (log
+	// mode), returns nil once every event committed before the call was
+	// delivered or handed to the retry path, and an error when ctx ends
+	// first. The suites then check it in place of each event's
+	// PublishedAt.
+	Settled func(ctx context.Context) error
+}
+
+// Relay is what the suites need of a relay: core.Relay, or a relay of
+// another mode (StoreFixture.NewRelay).
+type Relay interface {
+	// Run relays until ctx ends.
+	Run(ctx context.Context) error
+	// Ordered reports whether the relay keeps per-aggregate order.
+	Ordered() bool
 }
 
 // NewStoreFunc makes a StoreFixture for one subtest. It registers its own

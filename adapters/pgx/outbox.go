@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -92,6 +93,8 @@ type Outbox struct {
 	// run on pgx's connections, borrowed from pool (package pgxbridge),
 	// so they cost what this package's own code would.
 	store *sqlxoutbox.Outbox
+	// inLogMode: an insert found the table in log mode (logMode).
+	inLogMode atomic.Bool
 }
 
 var _ core.Store = (*Outbox)(nil)
@@ -197,6 +200,22 @@ func (o *Outbox) write(ctx context.Context, tx pgx.Tx, events []core.Event) erro
 	return nil
 }
 
+// logMode reports whether the table carries log mode's trigger
+// (dialect.LogTrigger), which keeps inserted events out of the table. A
+// positive answer is kept: a table leaves log mode by a teardown after
+// which inserts return their rows again.
+func (o *Outbox) logMode(ctx context.Context, tx pgx.Tx) (bool, error) {
+	if o.inLogMode.Load() {
+		return true, nil
+	}
+	var ok bool
+	if err := tx.QueryRow(ctx, o.q.LogMode()).Scan(&ok); err != nil {
+		return false, fmt.Errorf("pgxoutbox: insert returned no rows; look for log mode's trigger: %w", err)
+	}
+	o.inLogMode.Store(ok)
+	return ok, nil
+}
+
 type inserted struct {
 	seq     int64
 	created time.Time
@@ -219,6 +238,11 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, events []core.Event) err
 	})
 	if err != nil {
 		return fmt.Errorf("pgxoutbox: insert %d events: %w", len(events), dialect.CheckMigrated(err, o.q.Table()))
+	}
+	if len(got) == 0 {
+		if ok, err := o.logMode(ctx, tx); err != nil || ok {
+			return err // log mode: the events went to the WAL, not the table
+		}
 	}
 	if len(got) != len(events) {
 		return fmt.Errorf("pgxoutbox: insert of %d events returned %d rows", len(events), len(got))

@@ -72,6 +72,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -166,6 +167,8 @@ type Outbox struct {
 	// partitionLocks holds the partition counts whose lock rows exist
 	// (MySQL: ensurePartitionLocks).
 	partitionLocks sync.Map
+	// inLogMode: an insert found the table in log mode (logMode).
+	inLogMode atomic.Bool
 }
 
 var _ core.Store = (*Outbox)(nil)
@@ -382,6 +385,32 @@ func (o *Outbox) ExecWithEvents(ctx context.Context, tx Tx, query string, args [
 	return res, nil
 }
 
+// logMode reports whether the table carries log mode's trigger
+// (dialect.LogTrigger), which keeps inserted events out of the table. A
+// positive answer is kept: a table leaves log mode by a teardown after
+// which inserts return their rows again.
+func (o *Outbox) logMode(ctx context.Context, tx Tx) (bool, error) {
+	if o.inLogMode.Load() {
+		return true, nil
+	}
+	rows, err := tx.QueryContext(ctx, o.q.LogMode())
+	if err != nil {
+		return false, fmt.Errorf("sqlxoutbox: insert returned no rows; look for log mode's trigger: %w", err)
+	}
+	defer rows.Close()
+	var ok bool
+	if rows.Next() {
+		if err := rows.Scan(&ok); err != nil {
+			return false, fmt.Errorf("sqlxoutbox: look for log mode's trigger: %w", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("sqlxoutbox: look for log mode's trigger: %w", err)
+	}
+	o.inLogMode.Store(ok)
+	return ok, nil
+}
+
 type inserted struct {
 	seq     int64
 	created dialect.Time
@@ -426,6 +455,11 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, events []core.Event) error {
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
 		return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), err)
+	}
+	if len(got) == 0 && o.d == dialect.Postgres {
+		if ok, err := o.logMode(ctx, tx); err != nil || ok {
+			return err // log mode: the events went to the WAL, not the table
+		}
 	}
 	if len(got) != len(events) {
 		return fmt.Errorf("sqlxoutbox: insert of %d events returned %d rows", len(events), len(got))
