@@ -1,0 +1,405 @@
+package logrelay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/logrelay"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// events makes n events over aggs aggregates.
+func events(t *testing.T, n, aggs int) []core.Event {
+	t.Helper()
+	evs := make([]core.Event, n)
+	for i := range evs {
+		ev, err := core.NewEvent("order", fmt.Sprintf("agg-%d", i%aggs), "log.test", map[string]int{"i": i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs[i] = ev
+	}
+	return evs
+}
+
+func enqueue(t *testing.T, l *fixtures.Log, evs []core.Event, per int) {
+	t.Helper()
+	for i := 0; i < len(evs); i += per {
+		if err := l.Enqueue(t.Context(), evs[i:min(i+per, len(evs))], true); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// run runs r until the test ends (or stop is called) and returns stop,
+// which waits for Run to return and reports its error.
+func run(t *testing.T, r *logrelay.Relay) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func newRelay(t *testing.T, l *fixtures.Log, pub core.Publisher, opts core.RelayOptions) *logrelay.Relay {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	r, err := l.Relay(pub, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func query[T any](t *testing.T, dsn, sql string, args ...any) T {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var v T
+	if err := conn.QueryRow(t.Context(), sql, args...).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return v
+}
+
+// On the happy path the relay writes nothing per event: the table never
+// holds a row (the server's own tuple counters say so), and the slot's
+// confirmed position passes the events.
+func TestNoWritePerEvent(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
+	rec := outboxtest.NewRecorder()
+	r := newRelay(t, l, rec, core.RelayOptions{})
+	run(t, r)
+	evs := events(t, 500, 20)
+	enqueue(t, l, evs, 10)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Settled(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Counters(); c.TableWrites != 0 || c.Published != int64(len(evs)) || c.Confirms == 0 {
+		t.Errorf("counters %+v: want %d published, 0 table writes, some confirms", c, len(evs))
+	}
+	if n := query[int64](t, l.DSN, "SELECT count(*) FROM "+l.Names.Table); n != 0 {
+		t.Errorf("the outbox table holds %d rows in log mode, want 0", n)
+	}
+	// Enqueue in log mode does not write Seq back: there is no row.
+	if evs[0].Seq != 0 {
+		t.Errorf("Seq = %d after Enqueue in log mode, want 0", evs[0].Seq)
+	}
+	for _, got := range rec.Events() {
+		if got.Seq == 0 || got.CreatedAt.IsZero() || len(got.Payload) == 0 {
+			t.Fatalf("published event lacks its row's fields: %+v", got)
+		}
+	}
+}
+
+// A relay stopped before it confirmed leaves its events in the slot: the
+// next relay delivers them again (at least once, never a gap).
+func TestStoppedRelayRedelivers(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
+	evs := events(t, 200, 10)
+	enqueue(t, l, evs, 20)
+	// The first relay's broker never answers: nothing is confirmed.
+	block := core.PublisherFunc(func(ctx context.Context, _ []core.Event) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	r1 := newRelay(t, l, block, core.RelayOptions{})
+	stop := run(t, r1)
+	waitFor(t, 10*time.Second, "the first relay to stream", r1.Streaming)
+	time.Sleep(200 * time.Millisecond)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	rec := outboxtest.NewRecorder()
+	run(t, newRelay(t, l, rec, core.RelayOptions{}))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
+		t.Fatal(err)
+	}
+	if n := query[int64](t, l.DSN, "SELECT count(*) FROM "+l.Names.Table); n != 0 {
+		t.Errorf("the table holds %d rows: the stopped relay handed events to the retry path", n)
+	}
+}
+
+// Two relays on one slot: one streams, the other stands by and takes over
+// when the first stops, and when the first's connection is cut.
+func TestStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
+	rec := outboxtest.NewRecorder()
+	opts := core.RelayOptions{}
+	a, b := newRelay(t, l, rec, opts), newRelay(t, l, rec, opts)
+	stopA := run(t, a)
+	waitFor(t, 10*time.Second, "a to stream", a.Streaming)
+	stopB := run(t, b)
+	time.Sleep(1500 * time.Millisecond)
+	if b.Streaming() {
+		t.Fatal("both relays stream one slot")
+	}
+	evs := events(t, 300, 10)
+	enqueue(t, l, evs[:100], 10)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	// a's walsender is killed: a reconnects or b takes over, and events
+	// keep flowing.
+	if n := query[int64](t, l.DSN, "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE slot_name = $1", l.Names.Slot); n != 1 {
+		t.Fatalf("terminated %d walsenders, want 1", n)
+	}
+	enqueue(t, l, evs[100:200], 10)
+	if err := rec.WaitDistinct(ctx, 200); err != nil {
+		t.Fatal(err)
+	}
+	// Now the streaming one stops for good; the other streams within the
+	// standby interval.
+	waitFor(t, 10*time.Second, "one relay to stream", func() bool { return a.Streaming() || b.Streaming() })
+	other := b
+	if a.Streaming() {
+		_ = stopA()
+	} else {
+		other = a
+		_ = stopB()
+	}
+	start := time.Now()
+	waitFor(t, 10*time.Second, "the standby to take over", other.Streaming)
+	t.Logf("takeover in %s", time.Since(start).Round(time.Millisecond))
+	enqueue(t, l, evs[200:], 10)
+	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
+		t.Fatal(err)
+	}
+	if streams := a.Counters().Streams + b.Counters().Streams; streams < 2 {
+		t.Errorf("%d stream starts over both relays, want at least 2", streams)
+	}
+}
+
+// flaky fails every publish of the aggregates in down until healed.
+type flaky struct {
+	inner core.Publisher
+	mu    sync.Mutex
+	down  map[string]bool
+}
+
+func (f *flaky) Publish(ctx context.Context, evs []core.Event) error {
+	f.mu.Lock()
+	be := core.NewBatchError(len(evs))
+	var ok []core.Event
+	var idx []int
+	for i, ev := range evs {
+		if f.down[ev.AggregateID] {
+			be.Errs[i] = errors.New("aggregate refused")
+			continue
+		}
+		ok = append(ok, ev)
+		idx = append(idx, i)
+	}
+	f.mu.Unlock()
+	if len(ok) > 0 {
+		if err := f.inner.Publish(ctx, ok); err != nil {
+			errs := core.EventErrors(err, len(ok))
+			for k, i := range idx {
+				be.Errs[i] = errs[k]
+			}
+		}
+	}
+	return be.ErrOrNil()
+}
+
+func (f *flaky) Capabilities() core.PublisherCapabilities {
+	return core.PublisherCapabilities{PreservesAggregateOrder: true}
+}
+
+func (f *flaky) heal() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.down)
+}
+
+// Ordered mode: when an event of an aggregate fails, it and the later
+// events of its aggregate go to the table, and are published from there
+// in order once the broker takes them; other aggregates flow on.
+func TestOrderedFailureHoldsItsAggregate(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
+	rec := outboxtest.NewRecorder()
+	pub := &flaky{inner: rec, down: map[string]bool{"agg-0": true}}
+	r := newRelay(t, l, pub, core.RelayOptions{
+		Ordering:     core.OrderingOn,
+		PollInterval: 50 * time.Millisecond,
+		Retry:        core.RetryPolicy{InitialBackoff: 700 * time.Millisecond, MaxBackoff: 700 * time.Millisecond, MaxAttempts: 1000},
+	})
+	run(t, r)
+	if !r.Ordered() {
+		t.Fatal("relay is not ordered")
+	}
+	evs := events(t, 300, 4) // agg-0 is every fourth
+	enqueue(t, l, evs[:100], 5)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(ctx, 75); err != nil { // all but agg-0's 25
+		t.Fatal(err)
+	}
+	// agg-0 stays held while it fails, even for events written later.
+	enqueue(t, l, evs[100:200], 5)
+	if err := rec.WaitDistinct(ctx, 150); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	for _, ev := range rec.Events() {
+		if ev.AggregateID == "agg-0" {
+			t.Fatalf("agg-0's event %d was published while the aggregate fails", ev.Seq)
+		}
+	}
+	if c := r.Counters(); c.Held == 0 || c.Failed == 0 {
+		t.Errorf("counters %+v: want failures and held events", c)
+	}
+	// Healed, with agg-0's earlier events still in backoff in the table:
+	// its new events must queue behind them, not overtake them.
+	pub.heal()
+	enqueue(t, l, evs[200:], 5)
+	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
+		t.Fatal(err)
+	}
+	// Per aggregate, first deliveries in Seq order.
+	last := map[string]int64{}
+	seen := map[string]bool{}
+	for _, ev := range rec.Events() {
+		if seen[ev.ID] {
+			continue
+		}
+		seen[ev.ID] = true
+		if ev.Seq < last[ev.AggregateID] {
+			t.Fatalf("aggregate %s: event %d after %d", ev.AggregateID, ev.Seq, last[ev.AggregateID])
+		}
+		last[ev.AggregateID] = ev.Seq
+	}
+	if err := l.Settled(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := query[int64](t, l.DSN, "SELECT count(*) FROM "+l.Names.Table+" WHERE published_at IS NULL"); n != 0 {
+		t.Errorf("%d rows still pending in the table", n)
+	}
+}
+
+// Setup, Status and Teardown: teardown refuses to drop a slot holding
+// unconfirmed events, and puts producers back on the table at once.
+func TestSetupStatusTeardown(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
+	ctx := t.Context()
+	st, err := logrelay.Status(ctx, l.DSN, l.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Exists || !st.TriggerInstalled || st.Active || st.Invalidated {
+		t.Fatalf("status after setup: %+v", st)
+	}
+	// Setup again is a no-op.
+	if err := logrelay.Setup(ctx, l.DSN, l.Names); err != nil {
+		t.Fatal(err)
+	}
+	evs := events(t, 10, 2)
+	enqueue(t, l, evs, 10)
+	st, err = logrelay.Status(ctx, l.DSN, l.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.UnconfirmedBytes <= 0 || st.RetainedBytes <= 0 {
+		t.Errorf("status with events in the slot: %+v", st)
+	}
+	err = logrelay.Teardown(ctx, l.DSN, l.Names, logrelay.TeardownOptions{Wait: 300 * time.Millisecond})
+	if !errors.Is(err, logrelay.ErrNotDrained) {
+		t.Fatalf("Teardown of a slot with unconfirmed events: %v, want ErrNotDrained", err)
+	}
+	// Producers are back on the table: the insert returns its row.
+	after := events(t, 1, 1)
+	enqueue(t, l, after, 1)
+	if after[0].Seq == 0 {
+		t.Error("Enqueue after teardown got no Seq: the trigger is still there")
+	}
+	// A relay drains what the slot holds; then teardown completes.
+	rec := outboxtest.NewRecorder()
+	done := make(chan error, 1)
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { done <- newRelay(t, l, rec, core.RelayOptions{}).Run(rctx) }()
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(tctx, len(evs)+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := logrelay.Teardown(ctx, l.DSN, l.Names, logrelay.TeardownOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, logrelay.ErrNoSlot) {
+			t.Errorf("relay after its slot was dropped: %v, want ErrNoSlot", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Error("the relay still runs 15s after its slot was dropped")
+	}
+	if st, err := logrelay.Status(ctx, l.DSN, l.Names); err != nil || st.Exists {
+		t.Errorf("status after teardown: %+v, %v", st, err)
+	}
+}
+
+// Bad names are refused before anything is written.
+func TestInvalidNames(t *testing.T) {
+	t.Parallel()
+	for _, n := range []logrelay.Names{{Slot: "Bad-Slot"}, {Publication: "x;y"}, {Table: "a b"}} {
+		err := logrelay.Setup(t.Context(), "postgres://127.0.0.1:1/none", n)
+		if !errors.Is(err, core.ErrInvalidOptions) {
+			t.Errorf("Setup(%+v) = %v, want ErrInvalidOptions", n, err)
+		}
+	}
+	if _, err := logrelay.New(nil, nil, logrelay.Options{}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("New without store: %v", err)
+	}
+}
