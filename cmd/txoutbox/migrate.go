@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/logrelay"
 )
 
 func (a *app) migrateCommand() *cobra.Command {
@@ -16,6 +17,8 @@ func (a *app) migrateCommand() *cobra.Command {
 		skipInbox, skipOutbox, print             bool
 		partitioned, skipOrdered, orderedFlag    bool
 		ahead                                    int
+		mode                                     string
+		logN                                     logNames
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate",
@@ -39,7 +42,12 @@ It also creates what ordered mode needs (on by default with Kafka and SNS
 FIFO): two partial indexes for the ordered claim and, on PostgreSQL, the
 partition lease tables. An outbox that is only ever relayed unordered can
 leave them out with --skip-ordered, sparing producers one index entry per
-event.`,
+event.
+
+With --mode log (PostgreSQL) it then sets up log mode, as 'txoutbox log
+create' does: the publication, the slot (--slot), then the trigger that sends
+every insert into the outbox table to the write-ahead log. See 'txoutbox log
+--help'.`,
 		Example: `  txoutbox migrate --dsn 'postgres://app:secret@localhost:5432/app?sslmode=disable'
 
   # A producer-only database, with a custom table name:
@@ -51,6 +59,9 @@ event.`,
   # A high-volume outbox: one partition per day, retention by DROP.
   txoutbox migrate --partitioned
 
+  # Log mode: the relay streams events from the WAL (txoutbox relay --mode log).
+  txoutbox migrate --mode log
+
   # Hand the SQL to your migration tool instead:
   txoutbox migrate --print --dialect postgres > 0001_txoutbox.sql`,
 		Args: cobra.NoArgs,
@@ -61,6 +72,12 @@ event.`,
 			}
 			if orderedFlag && skipOrdered {
 				return usagef("--ordered and --skip-ordered contradict each other (ordered mode's schema is part of the default migrations)")
+			}
+			if mode != "table" && mode != "log" {
+				return usagef("--mode %q: want table or log", mode)
+			}
+			if mode == "log" && (print || skipOutbox) {
+				return usagef("--mode log sets up a slot on a live database: it cannot be printed, and needs the outbox")
 			}
 			if skipInbox && skipOutbox {
 				return usagef("--skip-inbox and --skip-outbox together leave nothing to migrate")
@@ -112,6 +129,15 @@ event.`,
 					return fmt.Errorf("migrate %s: %w", db.redacted, err)
 				}
 			}
+			if mode == "log" {
+				if db.dialect != dialect.Postgres {
+					return usagef("--mode log needs PostgreSQL (logical replication); %s has none", db.dialect.Name())
+				}
+				if err := logrelay.Setup(cmd.Context(), dsn, logN.names(a.table)); err != nil {
+					return logModeError(err)
+				}
+				fmt.Fprintf(a.stdout, "log mode set up: slot %s, publication %s\n", logN.slot, logN.publication)
+			}
 			a.log.Info("txoutbox: migrations applied", "database", db.redacted, "dialect", db.dialect.Name(),
 				"table", a.table, "inbox", !skipInbox, "took", time.Since(start).Round(time.Millisecond))
 			fmt.Fprintf(a.stdout, "migrated %s (%s): outbox table %s%s\n", db.redacted, db.dialect.Name(), a.table,
@@ -130,6 +156,8 @@ event.`,
 	_ = f.MarkDeprecated("ordered", "ordered mode's schema is now part of the default migrations; drop the flag")
 	f.BoolVar(&partitioned, "partitioned", false, "PostgreSQL: partition the outbox table by day (retention drops partitions)")
 	f.IntVar(&ahead, "partitions-ahead", dialect.DefaultPartitionsAhead, "with --partitioned: daily partitions kept created ahead, today included")
+	f.StringVar(&mode, "mode", "table", "table, or log: also set up log mode (PostgreSQL; see 'txoutbox log --help')")
+	logN.register(cmd)
 	f.StringVar(&dialectName, "dialect", "", "with --print: postgres, mysql or sqlite (default: from --dsn, else postgres)")
 	return cmd
 }

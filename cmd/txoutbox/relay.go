@@ -22,6 +22,7 @@ import (
 	"github.com/txoutbox/txoutbox/archive"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/metrics"
 	"github.com/txoutbox/txoutbox/ordered"
 )
@@ -49,6 +50,9 @@ type relayFlags struct {
 	partitions      int
 	partitioned     bool
 	failFast        bool
+	mode            string
+	slot            string
+	publication     string
 }
 
 func (a *app) relayCommand() *cobra.Command {
@@ -79,6 +83,14 @@ off has the highest throughput.
 A failed event is retried with exponential backoff (--initial-backoff doubling
 up to --max-backoff, with jitter) and dead-lettered after --max-attempts.
 
+Log mode (--mode log, PostgreSQL): the relay streams events from a logical
+replication slot instead of claiming rows ('txoutbox log --help'; set it up
+with 'txoutbox migrate --mode log'). It writes nothing per event and confirms
+the slot's position once the broker took the events before it. Failed events
+go to the table, where the same process retries them as table mode does
+(--max-attempts, backoff, dead letters). Run several: one streams, the others
+stand by and take the slot over within a second or two of its loss.
+
 A relay started while the database or the broker is down waits for them,
 retrying with backoff (one log line when a dependency is down, one when it
 answers), so that a supervisor does not crash-loop it; --fail-fast exits at
@@ -107,6 +119,9 @@ serves:
   TXOUTBOX_DSN=postgres://relay@db/app TXOUTBOX_BROKER='amqp://user:pass@rabbitmq:5672/?consumers=billing' \
     txoutbox relay --concurrency 4 --http-addr :9090 --lag-threshold 2m
 
+  # Log mode: stream from the WAL (after 'txoutbox migrate --mode log').
+  txoutbox relay --mode log --broker kafka://kafka-1:9092
+
   # Kafka; publish what is pending, then exit (a cron job, a test).
   txoutbox relay --broker kafka://kafka-1:9092,kafka-2:9092 --drain`,
 		Args: cobra.NoArgs,
@@ -134,6 +149,9 @@ serves:
 	fl.BoolVar(&f.partitioned, "partitioned", false, "with --cleanup-interval: the table is partitioned by day (migrate --partitioned)")
 	fl.BoolVar(&f.drain, "drain", false, "publish what is due, then exit instead of running until a signal")
 	fl.BoolVar(&f.failFast, "fail-fast", false, "exit at once when the database or the broker does not answer at start, instead of waiting for them")
+	fl.StringVar(&f.mode, "mode", "table", "table (claim events from the outbox table) or log (PostgreSQL: stream them from a logical replication slot; see 'txoutbox log --help')")
+	fl.StringVar(&f.slot, "slot", logrelay.DefaultSlot, "with --mode log: the replication slot ('txoutbox log create' makes it)")
+	fl.StringVar(&f.publication, "publication", logrelay.DefaultPublication, "with --mode log: the publication the slot is streamed with")
 	fl.BoolVar(&f.syncMark, "sync-mark", false, "PostgreSQL: wait for the WAL flush of every mark (default: marks commit asynchronously; a mark lost in a database crash only re-publishes)")
 	return cmd
 }
@@ -168,6 +186,10 @@ func checkRelayFlags(f relayFlags) error {
 		return usagef("--cleanup-interval %s: want 0 (never) or more; --retention %s: want a positive duration", f.cleanupInterval, f.retention)
 	case f.archiveTo != "" && f.cleanupInterval == 0:
 		return usagef("--archive-to needs --cleanup-interval")
+	case f.mode != "table" && f.mode != "log":
+		return usagef("--mode %q: want table or log", f.mode)
+	case f.mode == "log" && f.drain:
+		return usagef("--drain has no meaning with --mode log: the stream has no end (drain the retry path with --mode table --drain)")
 	}
 	return nil
 }
@@ -264,7 +286,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if sealer != nil {
 		out = sealer.Publisher(pub)
 	}
-	relay, err := core.NewRelay(met.Store(ob), met.Publisher(out), core.RelayOptions{
+	ropts := core.RelayOptions{
 		BatchSize:       f.batchSize,
 		PollInterval:    f.pollInterval,
 		Concurrency:     f.concurrency,
@@ -274,15 +296,41 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		Logger:          a.log,
 		Ordering:        ordering,
 		Ordered:         core.OrderedOptions{DeadLetter: deadLetter, PartitionCount: f.partitions},
-	})
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	var (
+		relay  *core.Relay
+		logRel *logrelay.Relay
+		stats  core.StatsReader = ob
+		runner interface {
+			Run(context.Context) error
+			Health() core.RelayHealth
+		}
+	)
+	if f.mode == "log" {
+		if db.dialect != dialect.Postgres {
+			return usagef("--mode log needs PostgreSQL (logical replication); %s has none", db.dialect.Name())
+		}
+		logRel, err = logrelay.New(met.Store(ob), met.Publisher(out), logrelay.Options{
+			ConnString: dsn, Relay: ropts,
+			Names: logrelay.Names{Table: a.table, Slot: f.slot, Publication: f.publication},
+		})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		relay, stats, runner = logRel.Table(), logRel, logRel
+		registerLogMetrics(reg, logRel)
+	} else {
+		relay, err = core.NewRelay(met.Store(ob), met.Publisher(out), ropts)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		runner = relay
 	}
 	if l, ok := relay.Leaser().(*ordered.Leaser); ok {
 		registerLeaserMetrics(reg, l)
 	}
-	registerHealthMetrics(reg, relay)
-	mon, err := core.NewMonitor(ob, met.MonitorOptions(core.MonitorOptions{Interval: f.statsInterval, Logger: a.log}))
+	registerHealthMetrics(reg, runner)
+	mon, err := core.NewMonitor(stats, met.MonitorOptions(core.MonitorOptions{Interval: f.statsInterval, Logger: a.log}))
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}
@@ -332,7 +380,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	}
 
 	opts := relay.Options()
-	a.log.Info("txoutbox: relay started", "database", db.redacted, "table", a.table, "broker", redact(f.broker),
+	a.log.Info("txoutbox: relay started", "database", db.redacted, "table", a.table, "broker", redact(f.broker), "mode", f.mode,
 		"batch_size", opts.BatchSize, "concurrency", opts.Concurrency, "max_attempts", opts.Retry.MaxAttempts, "ordered", relay.Ordered(), "drain", f.drain)
 	if ctx.Err() == nil {
 		h.set("ok")
@@ -353,10 +401,15 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		}
 		return nil
 	}
-	if err := relay.Run(ctx); err != nil {
+	if err := runner.Run(ctx); err != nil {
 		return err
 	}
 	h.set("stopping")
+	if logRel != nil {
+		c := logRel.Counters()
+		a.log.Info("txoutbox: log relay stopped", "published", c.Published, "failed", c.Failed, "held", c.Held,
+			"table_writes", c.TableWrites, "stream_starts", c.Streams, "uptime", time.Since(start).Round(time.Millisecond))
+	}
 	c := relay.Counters()
 	a.log.Info("txoutbox: relay stopped", "batches", c.Batches, "published", c.Published, "failed", c.Failed,
 		"dead_lettered", c.DeadLettered, "released", c.Released, "uptime", time.Since(start).Round(time.Millisecond))
@@ -450,7 +503,7 @@ func (a *app) drain(ctx context.Context, relay *core.Relay, ob *sqlxoutbox.Outbo
 // partition count) and how often leases changed hands.
 // registerHealthMetrics exports the relay's view of its dependencies, the
 // states its "down" and "back" log lines announce.
-func registerHealthMetrics(reg prometheus.Registerer, r *core.Relay) {
+func registerHealthMetrics(reg prometheus.Registerer, r interface{ Health() core.RelayHealth }) {
 	up := func(down bool) float64 {
 		if down {
 			return 0
@@ -464,6 +517,37 @@ func registerHealthMetrics(reg prometheus.Registerer, r *core.Relay) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Name: "store_up",
 			Help: "0 while the relay's batches fail at the database, 1 otherwise."},
 			func() float64 { return up(r.Health().StoreDown) }),
+	)
+}
+
+// registerLogMetrics exports log mode's stream and slot: whether this
+// process streams, what the slot retains, and the stream's totals.
+func registerLogMetrics(reg prometheus.Registerer, r *logrelay.Relay) {
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
+	}
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	reg.MustRegister(
+		gauge("streaming", "1 while this relay streams the slot, 0 while it stands by or reconnects.", func() float64 { return b(r.Streaming()) }),
+		gauge("retained_wal_bytes", "WAL the slot keeps the server from removing (at the latest stats check).",
+			func() float64 { return float64(r.LastSlotStatus().RetainedBytes) }),
+		gauge("unconfirmed_wal_bytes", "WAL written since the slot's confirmed position (at the latest stats check).",
+			func() float64 { return float64(r.LastSlotStatus().UnconfirmedBytes) }),
+		gauge("slot_invalidated", "1 when the server invalidated the slot (wal_status lost): events may be missing.",
+			func() float64 { return b(r.LastSlotStatus().Invalidated) }),
+		counter("published_total", "Events published from the stream.", func() float64 { return float64(r.Counters().Published) }),
+		counter("table_writes_total", "Events the stream wrote to the table's retry path (failed, or held behind a failed one).",
+			func() float64 { return float64(r.Counters().TableWrites) }),
+		counter("stream_starts_total", "Times this relay started streaming the slot (start, reconnections, takeovers).",
+			func() float64 { return float64(r.Counters().Streams) }),
 	)
 }
 

@@ -159,6 +159,7 @@ no variable, on purpose: what a command touches is said on its command line.`,
 		a.replayCommand(),
 		a.cleanupCommand(),
 		a.archiveCommand(),
+		a.logCommand(),
 	)
 	documentEnv(root)
 	return root

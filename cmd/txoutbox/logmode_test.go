@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/logrelay"
+)
+
+// Log mode through the CLI: migrate --mode log, relay --mode log with its
+// metrics, log status, log drop back to table mode.
+func TestLogMode(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	slot := "cli_" + hex.EncodeToString(b)
+	names := logrelay.Names{Slot: slot, Publication: slot}
+	t.Cleanup(func() { // before the database is dropped
+		_ = logrelay.Teardown(context.Background(), dsn, names, logrelay.TeardownOptions{Force: true})
+	})
+	ok(t, dsn, "migrate", "--mode", "log", "--slot", slot, "--publication", slot)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{dsn: dsn, db: db, ob: ob}
+	evs := f.enqueue(t, "order.created", "o-1", 30)
+	if evs[0].Seq != 0 || f.count(t, "true") != 0 {
+		t.Fatal("the events were written to the table: the trigger is not in place")
+	}
+
+	relay, stdout, stderr, addr := startRelay(t, dsn, "--mode", "log", "--slot", slot, "--publication", slot,
+		"--broker", "log://", "--stats-interval", "100ms")
+	waitFor(t, 30*time.Second, "the 30 events on the relay's stdout", func() bool {
+		return strings.Count(stdout.String(), "\n") >= 30
+	})
+	got := map[string]bool{}
+	for _, id := range sinkIDs(t, stdout.String()) {
+		got[id] = true
+	}
+	for _, ev := range evs {
+		if !got[ev.ID] {
+			t.Fatalf("event %s not published", ev.ID)
+		}
+	}
+	waitFor(t, 10*time.Second, "the log metrics", func() bool {
+		m := scrape(t, addr)
+		return m["txoutbox_log_streaming"] == 1 && m["txoutbox_log_published_total"] == 30 &&
+			m["txoutbox_log_table_writes_total"] == 0 && m["txoutbox_log_retained_wal_bytes"] > 0
+	})
+
+	r := ok(t, dsn, "log", "status", "--slot", slot, "--publication", slot, "--format", "json")
+	var st logStatusJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("log status: %v\n%s", err, r.stdout)
+	}
+	if !st.Exists || !st.Streaming || !st.TriggerInstalled || st.Invalidated || st.PendingInTable != 0 {
+		t.Errorf("log status while streaming: %+v", st)
+	}
+	r = ok(t, dsn, "log", "status", "--slot", slot, "--publication", slot)
+	if !strings.Contains(r.stdout, "streaming") || !strings.Contains(r.stdout, "retained WAL") {
+		t.Errorf("log status table:\n%s", r.stdout)
+	}
+
+	// Back to table mode: the relay confirmed everything, so drop goes
+	// through and the log relay stops, saying why.
+	ok(t, dsn, "log", "drop", "--slot", slot, "--publication", slot, "--wait", "20s")
+	if code := exitCode(t, relay, 20*time.Second); code == 0 {
+		t.Errorf("the log relay exited 0 after its slot was dropped\n%s", stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "replication slot does not exist") {
+		t.Errorf("the relay's log does not say the slot is gone:\n%s", stderr.String())
+	}
+	if after := f.enqueue(t, "order.created", "o-1", 1); after[0].Seq == 0 || f.count(t, "true") != 1 {
+		t.Error("after log drop the events do not land in the table")
+	}
+}
+
+func TestLogModeUsageErrors(t *testing.T) {
+	t.Parallel()
+	sqlite := "sqlite:" + t.TempDir() + "/x.db"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"relay", "--mode", "log", "--drain", "--broker", "log://", "--dsn", "postgres://127.0.0.1:1/x"}, "--drain has no meaning"},
+		{[]string{"relay", "--mode", "tail", "--broker", "log://", "--dsn", "postgres://127.0.0.1:1/x"}, `--mode "tail"`},
+		{[]string{"log", "create", "--dsn", sqlite}, "needs PostgreSQL"},
+		{[]string{"log", "create", "--dsn", "postgres://127.0.0.1:1/x", "--slot", "Bad-Slot"}, "Bad-Slot"},
+		{[]string{"migrate", "--mode", "log", "--print"}, "cannot be printed"},
+	} {
+		r := run(t, "", nil, c.args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("txoutbox %v: exit %d, stderr %q; want exit %d naming %q", c.args, r.code, r.stderr, exitUsage, c.want)
+		}
+	}
+}
