@@ -41,6 +41,12 @@ type Options struct {
 	// StandbyInterval is how often a relay whose slot another relay
 	// streams tries to take it over. Default 1s.
 	StandbyInterval time.Duration
+	// SpillAfter is how long, in ordered mode, the events of an aggregate
+	// whose earlier event is in the table's retry path wait in memory for
+	// the table to publish it, before they are written to the table behind
+	// it. It bounds how long the slot's confirmed position waits for them.
+	// Default 1s.
+	SpillAfter time.Duration
 	// ServerTimeout is how long the server may stay silent before the
 	// relay drops the connection and reconnects; the relay asks for a
 	// reply every second. It is also passed to the server as
@@ -116,8 +122,11 @@ func New(store core.Store, pub core.Publisher, opts Options) (*Relay, error) {
 	if opts.ConnString == "" {
 		return nil, fmt.Errorf("%w: logrelay: Options.ConnString is required", core.ErrInvalidOptions)
 	}
-	if opts.StandbyInterval < 0 || opts.ServerTimeout < 0 {
-		return nil, fmt.Errorf("%w: logrelay: negative StandbyInterval or ServerTimeout", core.ErrInvalidOptions)
+	if opts.StandbyInterval < 0 || opts.ServerTimeout < 0 || opts.SpillAfter < 0 {
+		return nil, fmt.Errorf("%w: logrelay: negative StandbyInterval, ServerTimeout or SpillAfter", core.ErrInvalidOptions)
+	}
+	if opts.SpillAfter == 0 {
+		opts.SpillAfter = time.Second
 	}
 	if opts.StandbyInterval == 0 {
 		opts.StandbyInterval = time.Second
@@ -551,18 +560,33 @@ func decodeEvent(b []byte) (core.Event, error) {
 	}, nil
 }
 
+// waiting is an aggregate's events that arrived while an earlier event of
+// it was in the table's retry path (ordered mode). They wait in memory for
+// the table to publish it, so that the aggregate returns to the stream as
+// soon as it did; after SpillAfter they are written to the table behind it
+// instead, so that the confirmed position never waits longer than that.
+type waiting struct {
+	events  []core.Event
+	blockAt []pglogrepl.LSN // per event: the last position confirmable while it waits
+	since   time.Time
+}
+
 // publishLoop publishes what the receiver hands it, in batches of whole
 // transactions, and advances the confirmed position past each batch once
 // every event of it was accepted by the broker or written to the table.
 func (r *Relay) publishLoop(ctx context.Context, in <-chan item) error {
 	held := map[string]bool{}
+	waits := map[string]*waiting{}
 	var heldAt time.Time
+	prevEnd := pglogrepl.LSN(r.confirmed.Load())
 	if r.order {
 		if err := r.refreshHeld(ctx, held); err != nil {
 			return err
 		}
 		heldAt = time.Now()
 	}
+	tick := time.NewTicker(recheckHeld)
+	defer tick.Stop()
 	for {
 		var batch []item
 		select {
@@ -570,10 +594,14 @@ func (r *Relay) publishLoop(ctx context.Context, in <-chan item) error {
 			return nil
 		case it := <-in:
 			batch = append(batch, it)
+		case <-tick.C:
 		}
-		n := len(batch[0].events)
+		n := 0
+		if len(batch) > 0 {
+			n = len(batch[0].events)
+		}
 	gather:
-		for n < r.ropts.BatchSize {
+		for len(batch) > 0 && n < r.ropts.BatchSize {
 			select {
 			case it := <-in:
 				batch = append(batch, it)
@@ -582,33 +610,97 @@ func (r *Relay) publishLoop(ctx context.Context, in <-chan item) error {
 				break gather
 			}
 		}
-		if n > 0 {
-			events := make([]core.Event, 0, n)
-			for _, it := range batch {
-				events = append(events, it.events...)
-			}
-			if r.order && len(held) > 0 && time.Since(heldAt) > 200*time.Millisecond {
-				if err := r.refreshHeld(ctx, held); err != nil {
-					return err
-				}
-				heldAt = time.Now()
-			}
-			if err := r.handle(ctx, events, held); err != nil {
+		if r.order && (len(held) > 0 || len(waits) > 0) && time.Since(heldAt) >= recheckHeld {
+			if err := r.refreshHeld(ctx, held); err != nil {
 				return err
 			}
-			r.inflight.Add(-int64(n))
+			heldAt = time.Now()
+			if err := r.release(ctx, held, waits); err != nil {
+				return err
+			}
 		}
-		last := batch[len(batch)-1]
+		var direct []core.Event
+		for _, it := range batch {
+			for _, ev := range it.events {
+				if r.order && ev.AggregateID != "" && (held[ev.AggregateID] || waits[ev.AggregateID] != nil) {
+					w := waits[ev.AggregateID]
+					if w == nil {
+						w = &waiting{since: time.Now()}
+						waits[ev.AggregateID] = w
+					}
+					w.events = append(w.events, ev)
+					w.blockAt = append(w.blockAt, prevEnd)
+					continue
+				}
+				direct = append(direct, ev)
+			}
+			prevEnd = it.end
+		}
+		if len(direct) > 0 {
+			if err := r.handle(ctx, direct, held); err != nil {
+				return err
+			}
+			r.inflight.Add(-int64(len(direct)))
+		}
+		pos := prevEnd
+		for _, w := range waits {
+			pos = min(pos, w.blockAt[0])
+		}
 		r.oldest.Store(0)
-		if len(in) > 0 && n > 0 {
-			// Later transactions are waiting: the oldest unconfirmed
-			// event is at most as old as the latest commit handled.
-			r.oldest.Store(last.commit.UnixNano())
+		if (len(in) > 0 && n > 0) || pos < prevEnd {
+			// Later transactions wait: the oldest unconfirmed event is
+			// at most as old as the latest commit handled.
+			r.oldest.Store(batchCommit(batch))
 		}
-		if uint64(last.end) > r.confirmed.Load() {
-			r.confirmed.Store(uint64(last.end))
+		if uint64(pos) > r.confirmed.Load() {
+			r.confirmed.Store(uint64(pos))
 		}
 	}
+}
+
+// recheckHeld is how often, in ordered mode, the stream asks the table
+// which aggregates it still holds, while some are.
+const recheckHeld = 50 * time.Millisecond
+
+func batchCommit(batch []item) int64 {
+	if len(batch) == 0 {
+		return time.Now().UnixNano()
+	}
+	return batch[len(batch)-1].commit.UnixNano()
+}
+
+// release publishes the waiting events of aggregates the table no longer
+// holds, and writes those that waited SpillAfter to the table behind the
+// events they wait for.
+func (r *Relay) release(ctx context.Context, held map[string]bool, waits map[string]*waiting) error {
+	var free, spill []core.Event
+	for agg, w := range waits {
+		switch {
+		case !held[agg]:
+			free = append(free, w.events...)
+		case time.Since(w.since) >= r.opts.SpillAfter:
+			spill = append(spill, w.events...)
+		default:
+			continue
+		}
+		delete(waits, agg)
+	}
+	if len(free) > 0 {
+		if err := r.handle(ctx, free, held); err != nil {
+			return err
+		}
+	}
+	if len(spill) > 0 {
+		rows := make([]tableRow, len(spill))
+		for i := range spill {
+			rows[i] = tableRow{ev: &spill[i]}
+		}
+		if err := r.toTable(ctx, rows, held); err != nil {
+			return err
+		}
+	}
+	r.inflight.Add(-int64(len(free) + len(spill)))
+	return nil
 }
 
 // refreshHeld replaces held with the aggregates that have unpublished rows
@@ -662,10 +754,6 @@ func (r *Relay) handle(ctx context.Context, events []core.Event, held map[string
 	byAgg := map[string]int{}
 	for i := range events {
 		ev := &events[i]
-		if ev.AggregateID != "" && held[ev.AggregateID] {
-			toTable = append(toTable, tableRow{ev: ev})
-			continue
-		}
 		if ev.AggregateID == "" {
 			groups = append(groups, []int{i})
 			continue

@@ -24,6 +24,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/ordered"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -52,7 +53,7 @@ func TestOutageChaosOrdered(t *testing.T) {
 	if os.Getenv("TXOUTBOX_SOAK") != "" {
 		numEvents, numAggs, budget = 1_000_000, 10_000, 40*time.Minute
 	}
-	chaosOrdered(t, dialect.Postgres, testenv.PostgresDSN(t), numEvents, numAggs, budget)
+	chaosOrdered(t, dialect.Postgres, testenv.PostgresDSN(t), numEvents, numAggs, budget, nil)
 }
 
 // TestOutageChaosOrderedMariaDB is the chaos test on MariaDB, smaller: the
@@ -63,7 +64,77 @@ func TestOutageChaosOrderedMariaDB(t *testing.T) {
 	if os.Getenv("TXOUTBOX_SOAK") != "" {
 		numEvents, numAggs, budget = 200_000, 2_000, 20*time.Minute
 	}
-	chaosOrdered(t, dialect.MySQL, testenv.MySQLDSN(t), numEvents, numAggs, budget)
+	chaosOrdered(t, dialect.MySQL, testenv.MySQLDSN(t), numEvents, numAggs, budget, nil)
+}
+
+// TestOutageChaosLog is the chaos test in log mode (package logrelay), on
+// a PostgreSQL cluster of its own: three relay processes on one slot (one
+// streams, two stand by), the streaming one SIGKILLed again and again and a
+// standby taking over, PostgreSQL crashed (pg_ctl stop -m immediate) and
+// started once, RabbitMQ restarted once, 10 % of publishes refused (those
+// events take the table's retry path, and in ordered mode their
+// aggregates' later events follow them). Checked: nothing lost, no
+// reordering, every takeover within the bound.
+func TestOutageChaosLog(t *testing.T) {
+	numEvents, numAggs := 30_000, 300
+	budget := 4 * time.Minute
+	if os.Getenv("TXOUTBOX_SOAK") != "" {
+		numEvents, numAggs, budget = 300_000, 3_000, 30*time.Minute
+	}
+	cl := testenv.StartCluster(t)
+	chaosOrdered(t, dialect.Postgres, cl.NewDatabase(t), numEvents, numAggs, budget, &logChaos{slot: "chaos", cluster: cl})
+}
+
+// logChaos is what the chaos test adds in log mode.
+type logChaos struct {
+	slot    string
+	cluster *testenv.Cluster // crashed and started once, mid-run
+}
+
+// streamLog records which relay started streaming the slot, when.
+type streamLog struct {
+	mu     sync.Mutex
+	owner  string // streaming now, as far as the relays said
+	starts []streamStart
+}
+
+type streamStart struct {
+	owner string
+	at    time.Time
+}
+
+func (l *streamLog) on(owner string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.owner = owner
+	l.starts = append(l.starts, streamStart{owner, time.Now()})
+}
+
+func (l *streamLog) off(owner string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.owner == owner {
+		l.owner = ""
+	}
+}
+
+func (l *streamLog) streaming() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.owner
+}
+
+// takenOver returns how long after since another relay than owner started
+// streaming, or false.
+func (l *streamLog) takenOver(owner string, since time.Time) (time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.starts {
+		if s.owner != owner && !s.at.Before(since) {
+			return s.at.Sub(since), true
+		}
+	}
+	return 0, false
 }
 
 // chaosDriver is the database/sql driver of a dialect of the chaos test.
@@ -74,7 +145,7 @@ func chaosDriver(d dialect.Dialect) string {
 	return "pgx"
 }
 
-func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAggs int, budget time.Duration) {
+func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAggs int, budget time.Duration, lm *logChaos) {
 	amqpURL := testenv.AMQPURL(t)
 	testenv.Env(t, "TXOUTBOX_RABBITMQCTL")
 	db, err := sql.Open(chaosDriver(d), dsn)
@@ -86,6 +157,14 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 	mopts := dialect.MigrateOptions{SkipInbox: true, Logger: slog.New(slog.DiscardHandler)}
 	if err := dialect.Migrate(ctx, db, d, mopts); err != nil {
 		t.Fatal(err)
+	}
+	var streams streamLog
+	if lm != nil {
+		names := logrelay.Names{Slot: lm.slot, Publication: lm.slot}
+		if err := logrelay.Setup(ctx, dsn, names); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = logrelay.Teardown(context.Background(), dsn, names, logrelay.TeardownOptions{Force: true}) })
 	}
 	leases, err := ordered.NewLeaser(db, d, ordered.LeaserOptions{PartitionCount: chaosPartitions, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -124,8 +203,8 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 		if prev != nil {
 			gen = prev.gen + 1
 		}
-		r := &chaosRelay{slot: slot, gen: gen, owner: fmt.Sprintf("relay%d-gen%d", slot, gen), done: make(chan struct{})}
-		r.start(t, bin, logDir, map[string]string{
+		r := &chaosRelay{slot: slot, gen: gen, owner: fmt.Sprintf("relay%d-gen%d", slot, gen), done: make(chan struct{}), streams: &streams}
+		env := map[string]string{
 			"CHAOS_DIALECT":              d.Name(),
 			"CHAOS_DSN":                  dsn,
 			"CHAOS_AMQP_URL":             amqpURL,
@@ -136,7 +215,11 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 			"CHAOS_BATCH":                fmt.Sprint(chaosBatch),
 			"CHAOS_FAIL_RATE":            fmt.Sprint(chaosFailRate),
 			"CHAOS_FAIL_AFTER_SEND_RATE": fmt.Sprint(chaosLieRate),
-		}, &takeovers)
+		}
+		if lm != nil {
+			env["CHAOS_MODE"], env["CHAOS_SLOT"] = "log", lm.slot
+		}
+		r.start(t, bin, logDir, env, &takeovers)
 		relays[slot] = r
 	}
 	for i := range relays {
@@ -165,12 +248,23 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 		const pace = 100 * time.Millisecond // ~10k events/s: the relays lag, the chaos meets a backlog
 		for i := 0; i < numEvents; i += batch {
 			query, args, err := q.Insert(evs[i:min(i+batch, numEvents)])
-			if err == nil {
-				_, err = db.ExecContext(ctx, query, args...)
-			}
 			if err != nil {
-				prodErr <- fmt.Errorf("enqueue events %d..: %w", i, err)
+				prodErr <- err
 				return
+			}
+			// While the database restarts (log mode's crash) the insert
+			// fails; it is retried. One whose commit was lost with the
+			// connection may have committed: its events then arrive twice,
+			// which the consumer counts as duplicates.
+			for tries := 0; ; tries++ {
+				if _, err = db.ExecContext(ctx, query, args...); err == nil {
+					break
+				}
+				if lm == nil || tries == 300 {
+					prodErr <- fmt.Errorf("enqueue events %d..: %w", i, err)
+					return
+				}
+				time.Sleep(200 * time.Millisecond)
 			}
 			produced.Store(int64(min(i+batch, numEvents)))
 			time.Sleep(pace)
@@ -188,6 +282,7 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 	restartAt := map[int]time.Time{}
 	brokerRestarted := false
 	brokerDown := false
+	crashed := lm == nil // only log mode crashes the database
 	defer func() {
 		if brokerDown {
 			testenv.RabbitMQCtl(t, "start_app")
@@ -219,6 +314,16 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 			testenv.RabbitMQCtl(t, "await_startup")
 			brokerDown, brokerRestarted = false, true
 		}
+		if !crashed && produced.Load() >= int64(numEvents*6/10) {
+			t.Logf("%v: crashing PostgreSQL (pg_ctl stop -m immediate), starting it again (%d arrived)", time.Since(began).Round(time.Millisecond), cons.firstCount())
+			lm.cluster.Crash(t)
+			time.Sleep(time.Second)
+			lm.cluster.Start(t)
+			crashed = true
+			// Drop the pool's connections to the crashed server.
+			db.SetMaxIdleConns(0)
+			db.SetMaxIdleConns(2)
+		}
 		chaos := cons.firstCount() < int64(numEvents)*95/100
 		if chaos && now.After(nextKill) {
 			nextKill = now.Add(jitter(rng, 3*time.Second, 6*time.Second))
@@ -230,12 +335,42 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 			}
 			if len(alive) >= 2 {
 				victim := relays[alive[rng.IntN(len(alive))]]
-				held := heldBy(t, leases, victim.owner)
+				if lm != nil && rng.IntN(3) > 0 {
+					// Mostly the streaming relay: its loss is log mode's
+					// failover.
+					for _, i := range alive {
+						if relays[i].owner == streams.streaming() {
+							victim = relays[i]
+						}
+					}
+				}
+				var held []int
+				if lm == nil {
+					held = heldBy(t, leases, victim.owner)
+				}
+				wasStreaming := lm != nil && streams.streaming() == victim.owner
 				victim.stop(syscall.SIGKILL)
 				killedAt := time.Now()
 				kills++
 				restartAt[victim.slot] = killedAt.Add(jitter(rng, 500*time.Millisecond, 3*time.Second))
-				if len(held) > 0 {
+				switch {
+				case wasStreaming:
+					fwg.Add(1)
+					go func() {
+						defer fwg.Done()
+						took := 30 * time.Second
+						for time.Since(killedAt) < took {
+							if d, ok := streams.takenOver(victim.owner, killedAt); ok {
+								took = d
+								break
+							}
+							time.Sleep(20 * time.Millisecond)
+						}
+						fmu.Lock()
+						failovers = append(failovers, took)
+						fmu.Unlock()
+					}()
+				case lm == nil && len(held) > 0:
 					fwg.Add(1)
 					go func() {
 						defer fwg.Done()
@@ -262,8 +397,8 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 	for slot := range restartAt {
 		start(slot)
 	}
-	if !brokerRestarted {
-		t.Fatal("the broker was never restarted: the test proves less than it claims")
+	if !brokerRestarted || !crashed {
+		t.Fatal("the broker was never restarted, or the database never crashed: the test proves less than it claims")
 	}
 	// Every event arrived; the outbox must also record every one published
 	// (the marks of a killed relay's last batch come from its successor).
@@ -272,7 +407,15 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 		if err := db.QueryRow("SELECT count(*) FROM outbox_events WHERE published_at IS NULL").Scan(&pending); err != nil {
 			t.Fatal(err)
 		}
-		return pending == 0
+		if pending != 0 || lm == nil {
+			return pending == 0
+		}
+		// Log mode: and the slot confirmed everything written.
+		var behind int64
+		if err := db.QueryRow("SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint FROM pg_replication_slots WHERE slot_name = $1", lm.slot).Scan(&behind); err != nil {
+			t.Fatal(err)
+		}
+		return behind <= 0
 	})
 	elapsed := time.Since(began)
 	var dead int
@@ -280,7 +423,7 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 		t.Fatal(err)
 	}
 	var attempts int64
-	if err := db.QueryRow("SELECT sum(attempt_count) FROM outbox_events").Scan(&attempts); err != nil {
+	if err := db.QueryRow("SELECT coalesce(sum(attempt_count), 0) FROM outbox_events").Scan(&attempts); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range relays {
@@ -309,14 +452,24 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 	if st.unknown != 0 {
 		t.Errorf("%d messages with an unknown event_id", st.unknown)
 	}
-	if kills == 0 || len(failovers) == 0 || takeovers.Load() == 0 {
+	bound := chaosFailoverBound
+	if lm != nil {
+		bound = logFailoverBound
+		streams.mu.Lock()
+		t.Logf("chaos: log mode: %d stream starts over all relays; %d of the %d events went through the table's retry path", len(streams.starts), rowsOf(t, db), numEvents)
+		streams.mu.Unlock()
+	}
+	if kills == 0 || len(failovers) == 0 || (lm == nil && takeovers.Load() == 0) {
 		t.Errorf("%d kills, %d failovers measured, %d takeovers: the chaos did not happen", kills, len(failovers), takeovers.Load())
 	}
-	if maxFailover > chaosFailoverBound {
-		t.Errorf("a failover took %v, above the bound %v", maxFailover, chaosFailoverBound)
+	if maxFailover > bound {
+		t.Errorf("a failover took %v, above the bound %v", maxFailover, bound)
 	}
-	if attempts <= int64(numEvents) {
+	switch {
+	case lm == nil && attempts <= int64(numEvents):
 		t.Errorf("%d attempts for %d events: no failure was injected", attempts, numEvents)
+	case lm != nil && attempts == 0:
+		t.Errorf("no event took the table's retry path: no failure was injected")
 	}
 	if keep {
 		if err := outboxtest.CheckAggregateOrder(evs, cons.received()); err != nil {
@@ -328,6 +481,22 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 // chaosFailoverBound is the longest a dead relay's partitions may wait: the
 // lease TTL, one renew interval, and slack for a loaded 2-core CI machine.
 const chaosFailoverBound = chaosLeaseTTL + chaosLeaseTTL/3 + 3*time.Second
+
+// logFailoverBound is the longest log mode's slot may go unstreamed after
+// its relay was killed: the server notices the closed connection at once,
+// a standby retries every second (logrelay.Options.StandbyInterval), plus
+// slack for a loaded 2-core CI machine.
+const logFailoverBound = 5 * time.Second
+
+// rowsOf counts the outbox table's rows: in log mode, the events that took
+// the retry path.
+func rowsOf(t *testing.T, db *sql.DB) int64 {
+	var n int64
+	if err := db.QueryRow("SELECT count(*) FROM outbox_events").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
 
 func jitter(rng *rand.Rand, lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(rng.Int64N(int64(hi-lo)))
@@ -351,6 +520,7 @@ func buildChaosRelay(t *testing.T) string {
 type chaosRelay struct {
 	slot, gen int
 	owner     string
+	streams   *streamLog
 	cmd       *exec.Cmd
 	done      chan struct{}
 }
@@ -382,6 +552,13 @@ func (r *chaosRelay) start(t *testing.T, bin, logDir string, env map[string]stri
 			f := strings.Fields(sc.Text())
 			if len(f) == 4 && f[0] == "lease" && f[1] == "acquired" && f[3] != "-" && f[3] != r.owner {
 				takeovers.Add(1)
+			}
+			if len(f) == 2 && f[0] == "stream" {
+				if f[1] == "on" {
+					r.streams.on(r.owner)
+				} else {
+					r.streams.off(r.owner)
+				}
 			}
 		}
 		_ = r.cmd.Wait()

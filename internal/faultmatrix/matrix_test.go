@@ -53,7 +53,7 @@ type cell struct {
 	relayDSN       string        // the relay's database, through c.db
 	ordering       string
 	// pg, when set, is the crashable server the outbox lives on.
-	pg *crashable
+	pg *testenv.Cluster
 	// mariaDB puts the outbox on MariaDB instead of PostgreSQL.
 	mariaDB bool
 }
@@ -66,7 +66,7 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 	}
 	var dsn string
 	if c.pg != nil {
-		dsn = c.pg.newDatabase(t)
+		dsn = c.pg.NewDatabase(t)
 	} else {
 		dsn = testenv.PostgresDSN(t)
 	}
@@ -258,8 +258,8 @@ func faults(c *cell) []faultCase {
 		return faultCase{Fault: outboxtest.Fault{Name: name, Duration: d, Inject: inject, Heal: heal}, signals: signals}
 	}
 	crash := fault("PostgreSQL crash (immediate stop, start)", "store",
-		func(t *testing.T) { crashMu.Lock(); c.pg.crash(t) },
-		func(t *testing.T) { defer crashMu.Unlock(); c.pg.start(t) })
+		func(t *testing.T) { crashMu.Lock(); c.pg.Crash(t) },
+		func(t *testing.T) { defer crashMu.Unlock(); c.pg.Start(t) })
 	crash.crash = true
 	return []faultCase{
 		fault("broker latency 200ms", "", func(t *testing.T) { must(t, c.broker.Latency(200*time.Millisecond)) }, heal(broker)),
@@ -423,7 +423,7 @@ func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBr
 	o.Ordering = mode
 	o.StartRelay = c.startRelay
 	if fc.crash {
-		c.pg = startCrashable(t)
+		c.pg = testenv.StartCluster(t)
 		o.ProducersMayFail = true
 	}
 	fault := fc.Fault

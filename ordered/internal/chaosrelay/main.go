@@ -1,8 +1,11 @@
-// Command chaosrelay is one ordered relay process of the chaos test
-// (TestOutageChaosOrdered): PostgreSQL outbox, partition leaser, RabbitMQ
-// publisher (brokers/amqp, confirms) behind a fault injector. The test starts several, kills them
-// with SIGKILL and restarts them. It prints one line per lease change on
-// stdout ("lease <kind> <partition> <from>") and logs to stderr; SIGTERM
+// Command chaosrelay is one ordered relay process of the chaos tests
+// (TestOutageChaosOrdered, TestOutageChaosLog): PostgreSQL outbox,
+// partition leaser, RabbitMQ publisher (brokers/amqp, confirms) behind a
+// fault injector; with CHAOS_MODE=log, a log-mode relay on the slot
+// CHAOS_SLOT. The test starts several, kills them with SIGKILL and
+// restarts them. It prints one line per lease change on stdout ("lease
+// <kind> <partition> <from>"), in log mode "stream on" and "stream off"
+// when it starts and stops streaming the slot, and logs to stderr; SIGTERM
 // stops it cleanly.
 package main
 
@@ -25,6 +28,7 @@ import (
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/ordered"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -122,7 +126,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	relay, err := core.NewRelay(store, faulty, core.RelayOptions{
+	ropts := core.RelayOptions{
 		BatchSize:    envInt("CHAOS_BATCH"),
 		Concurrency:  2,
 		PollInterval: 20 * time.Millisecond,
@@ -135,7 +139,36 @@ func run() error {
 		Ordered:  core.OrderedOptions{Leaser: leaser},
 		// Warnings of every injected failure would drown the log.
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})).With("relay", owner),
-	})
+	}
+	if os.Getenv("CHAOS_MODE") == "log" {
+		ropts.Logger = log // the stream logs its state changes once each
+		slot := env("CHAOS_SLOT")
+		lr, err := logrelay.New(store, faulty, logrelay.Options{
+			ConnString: env("CHAOS_DSN"), Relay: ropts,
+			Names: logrelay.Names{Slot: slot, Publication: slot},
+		})
+		if err != nil {
+			return err
+		}
+		go func() {
+			streaming := false
+			for ctx.Err() == nil {
+				if s := lr.Streaming(); s != streaming {
+					streaming = s
+					outMu.Lock()
+					fmt.Println(map[bool]string{true: "stream on", false: "stream off"}[s])
+					outMu.Unlock()
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+		log.Info("chaosrelay: running in log mode")
+		err = lr.Run(ctx)
+		c := lr.Counters()
+		log.Info("chaosrelay: stopped", "published", c.Published, "failed", c.Failed, "held", c.Held, "faults", fmt.Sprintf("%+v", faulty.Counts()))
+		return err
+	}
+	relay, err := core.NewRelay(store, faulty, ropts)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,117 @@
+package testenv
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/txoutbox/txoutbox/testing/sqlfixture"
+)
+
+// pgBin is where Debian's PostgreSQL 15 puts its programs (make test
+// installs it).
+func pgBin() string {
+	if v := os.Getenv("TXOUTBOX_PGBIN"); v != "" {
+		return v
+	}
+	return "/usr/lib/postgresql/15/bin"
+}
+
+// Cluster is a throwaway, durable PostgreSQL cluster of one test, which the
+// test may crash (pg_ctl stop -m immediate: no checkpoint, no clean
+// shutdown, as a power cut) and start again (crash recovery from the WAL).
+// It runs with wal_level = logical, for log mode.
+type Cluster struct {
+	dir, addr string
+}
+
+// StartCluster initialises and starts a cluster on a free port; the end
+// of the test stops and removes it.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "txoutbox-crash-pg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	c := &Cluster{dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	if os.Geteuid() == 0 {
+		if out, err := exec.Command("chown", "postgres:", dir).CombinedOutput(); err != nil {
+			t.Fatalf("chown: %v\n%s", err, out)
+		}
+	}
+	t.Cleanup(func() {
+		_ = c.pg("pg_ctl", "-D", c.data(), "-m", "immediate", "stop")
+		os.RemoveAll(dir)
+	})
+	c.mustPG(t, "initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
+	conf := fmt.Sprintf("listen_addresses = '127.0.0.1'\nport = %d\nunix_socket_directories = '%s'\nfsync = on\nsynchronous_commit = on\n"+
+		"max_connections = 100\nwal_level = logical\nmax_wal_senders = 10\nmax_replication_slots = 10\n", port, dir)
+	f, err := os.OpenFile(filepath.Join(c.data(), "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString(conf)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Start(t)
+	return c
+}
+
+func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }
+
+// AdminDSN may create databases.
+func (c *Cluster) AdminDSN() string {
+	return "postgres://postgres@" + c.addr + "/postgres?sslmode=disable"
+}
+
+// NewDatabase creates a database on the cluster and returns its DSN.
+func (c *Cluster) NewDatabase(t testing.TB) string {
+	return sqlfixture.CreatePostgresDatabase(t, c.AdminDSN())
+}
+
+// Start starts the cluster and waits until it takes connections.
+func (c *Cluster) Start(t testing.TB) {
+	c.mustPG(t, "pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "start")
+}
+
+// Crash stops the cluster at once (pg_ctl stop -m immediate).
+func (c *Cluster) Crash(t testing.TB) {
+	c.mustPG(t, "pg_ctl", "-D", c.data(), "-m", "immediate", "stop")
+}
+
+// pg runs a PostgreSQL program as the postgres user (as root) or as
+// ourselves.
+func (c *Cluster) pg(prog string, args ...string) error {
+	cmd := exec.Command(filepath.Join(pgBin(), prog), args...)
+	if os.Geteuid() == 0 {
+		quoted := make([]string, len(args))
+		for i, a := range args {
+			quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		cmd = exec.Command("su", "postgres", "-s", "/bin/sh", "-c", filepath.Join(pgBin(), prog)+" "+strings.Join(quoted, " "))
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %v: %v\n%s", prog, args, err, out)
+	}
+	return nil
+}
+
+func (c *Cluster) mustPG(t testing.TB, prog string, args ...string) {
+	t.Helper()
+	if err := c.pg(prog, args...); err != nil {
+		t.Fatal(err)
+	}
+}
