@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,6 +34,11 @@ type bench struct {
 	machine string
 	// mysqlServer is the MySQL server's version, once scenario m ran.
 	mysqlServer string
+	// watermillBacklogRate is scenario b's median rate of Watermill's
+	// forwarder on the full backlog, for scenario l to compare with.
+	watermillBacklogRate float64
+	// teardown runs before the database is dropped (log mode's slots).
+	teardown []func() error
 }
 
 func newBench(ctx context.Context, c config, log *slog.Logger) (*bench, error) {
@@ -105,6 +111,13 @@ func withParams(dsn, params string) string {
 }
 
 func (b *bench) close() error {
+	var errs []error
+	for _, f := range b.teardown {
+		errs = append(errs, f())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
 	if b.db != nil {
 		b.db.Close()
 	}

@@ -38,9 +38,7 @@ const (
 // much as the variants. Each variant writes its events to a table of its
 // own, so that a relay drains only what its own producers wrote.
 func (b *bench) producers(ctx context.Context) ([]row, error) {
-	if _, err := b.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (
-		id BIGSERIAL PRIMARY KEY, customer_id TEXT NOT NULL, amount_cents INT NOT NULL,
-		payload JSONB NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
+	if err := b.ensureOrders(ctx); err != nil {
 		return nil, err
 	}
 	variants := []string{prodPlain, prodOutbox, prodEnqueue, prodHand, prodRelay, prodRelayNotify, prodNotifyPerTx}

@@ -185,6 +185,7 @@ func (b *bench) versusWatermill(ctx context.Context) ([]row, error) {
 	}
 	slices.Sort(relayRates)
 	slices.Sort(wmRates)
+	b.watermillBacklogRate = median(wmRates)
 	rs := slices.Clone(ratios)
 	slices.Sort(rs)
 	cfg := fmt.Sprintf("batch %d, %d workers", backlogBatchSize, backlogConcurrency)

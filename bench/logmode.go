@@ -1,0 +1,417 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/logrelay"
+)
+
+const (
+	logTable = "log_events"
+	// logRawSlot is a second slot on the same log, read by rawSlotRate.
+	logRawSlot   = "bench_raw"
+	prodLog      = "log"       // ExecWithEvents into a table in log mode
+	prodLogRelay = "log_relay" // the same, a log relay streaming beside
+)
+
+// logScenario runs scenario l, log mode (package logrelay): the drain of a
+// backlog against table mode's recommended relay, Watermill's forwarder
+// and the raw rate of reading the slot; end-to-end latency at a steady
+// rate; the producers' cost; and the relay's writes per event.
+func (b *bench) logScenario(ctx context.Context) ([]row, error) {
+	if _, err := b.outbox(ctx, b.db, logTable, sqlxoutbox.Options{}); err != nil {
+		return nil, err
+	}
+	// Slots are per server: names of this run's own. They keep the
+	// database from being dropped, so each goes when the scenario ends.
+	suffix := strings.TrimPrefix(b.name, "txoutbox_bench_")
+	setup := func(n logrelay.Names) error {
+		if err := logrelay.Setup(ctx, b.dsn, n); err != nil {
+			return err
+		}
+		b.teardown = append(b.teardown, func() error {
+			return logrelay.Teardown(context.Background(), b.dsn, n, logrelay.TeardownOptions{Force: true})
+		})
+		return nil
+	}
+	names := logrelay.Names{Table: logTable, Slot: "bench_log_" + suffix, Publication: "bench_log"}
+	raw := logrelay.Names{Table: logTable, Slot: "bench_raw_" + suffix, Publication: "bench_log"}
+	for _, n := range []logrelay.Names{names, raw} {
+		if err := setup(n); err != nil {
+			return nil, err
+		}
+	}
+
+	// Drain: the same backlog for each, taking turns, round by round.
+	var logRates, tableRates, rawRates, vsTable, vsRaw []float64
+	var writes int64
+	for round := range b.c.Rounds {
+		tr, err := b.relayDrainRate(ctx, "log_versus_table", b.c.Backlog)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.logFill(ctx, b.c.Backlog); err != nil {
+			return nil, err
+		}
+		lr, w, err := b.logDrainRate(ctx, names, b.c.Backlog, round == 0)
+		if err != nil {
+			return nil, err
+		}
+		writes += w
+		rr, err := rawSlotRate(ctx, b.dsn, raw, b.c.Backlog)
+		if err != nil {
+			return nil, err
+		}
+		b.log.Info("log drain", "round", round, "log_per_s", int(lr), "table_per_s", int(tr), "raw_slot_per_s", int(rr))
+		logRates, tableRates, rawRates = append(logRates, lr), append(tableRates, tr), append(rawRates, rr)
+		vsTable, vsRaw = append(vsTable, lr/tr), append(vsRaw, lr/rr)
+	}
+	wm := b.watermillBacklogRate
+	if wm == 0 {
+		var err error
+		if wm, err = b.watermill(ctx, 0, b.c.Backlog, "log"); err != nil {
+			return nil, err
+		}
+	}
+	var rows0 []row
+	for _, s := range [][]float64{logRates, tableRates, rawRates, vsTable, vsRaw} {
+		slices.Sort(s)
+	}
+	backlog := count(b.c.Backlog)
+	rows0 = append(rows0,
+		row{name: fmt.Sprintf("l  log-mode drain vs table mode (batch %d, %d workers), equal %s backlog (events/s; median of rounds)", backlogBatchSize, backlogConcurrency, backlog),
+			value: median(logRates), baseline: median(tableRates), ratios: vsTable, unit: "/s", ratioX: true,
+			target: "≥ 3×", pass: median(vsTable) >= 3, verdict: true},
+		row{name: fmt.Sprintf("l  log-mode drain vs Watermill SQL forwarder at its defaults, %s backlog", backlog),
+			value: median(logRates), baseline: wm, unit: "/s", ratioX: true,
+			target: "≥ 10×", pass: median(logRates) >= 10*wm, verdict: true},
+		row{name: "l' log-mode drain vs reading the slot alone (walsender decoding and transfer, no JSON, no publish)",
+			value: median(logRates), baseline: median(rawRates), ratios: vsRaw, unit: "/s", target: "—"},
+		row{name: "l  relay writes to the outbox table per event in log mode (rows written / events drained)",
+			value: float64(writes) / float64(b.c.Backlog*b.c.Rounds), unit: "x", target: "0", pass: writes == 0, verdict: true},
+	)
+
+	lat, err := b.logLatency(ctx, names)
+	if err != nil {
+		return nil, fmt.Errorf("latency: %w", err)
+	}
+	rate := fmt.Sprintf("%d/s", b.c.LatencyRate)
+	rows0 = append(rows0,
+		row{name: "l  log-mode latency p50 at " + rate + " (commit → handed to the publisher)", value: ms(lat.p50), unit: "ms", target: "—"},
+		row{name: "l  log-mode latency p99 at " + rate, value: ms(lat.p99), unit: "ms", target: "≤ 5 ms", pass: ms(lat.p99) <= 5, verdict: true},
+	)
+
+	// Producers: plain, table mode (ExecWithEvents) and log mode, taking
+	// turns as in scenario d.
+	if err := b.ensureOrders(ctx); err != nil {
+		return nil, err
+	}
+	logProd := logrelay.Names{Table: producerTable + "_" + prodLog, Slot: "bench_prod_" + suffix, Publication: "bench_prod"}
+	for _, v := range []string{prodPlain, prodOutbox, prodLog} {
+		if _, err := b.outbox(ctx, b.db, producerTable+"_"+v, sqlxoutbox.Options{}); err != nil {
+			return nil, err
+		}
+	}
+	if err := setup(logProd); err != nil {
+		return nil, err
+	}
+	prate, err := b.rotate(ctx, "log producers", []string{prodPlain, prodOutbox, prodLog, prodLogRelay}, func(v string, d time.Duration) (int64, time.Duration, error) {
+		if v == prodLog || v == prodLogRelay {
+			return b.logProducerRun(ctx, logProd, v == prodLogRelay, d)
+		}
+		return b.producerRun(ctx, v, d)
+	})
+	if err != nil {
+		return nil, err
+	}
+	clients := fmt.Sprintf("%d clients", b.c.Producers)
+	rows0 = append(rows0,
+		row{name: "l  producer tx/s in log mode (ExecWithEvents) vs without outbox (" + clients + ")",
+			value: prate[prodLog], baseline: prate[prodPlain], unit: " tx/s", target: "≥ 95 % (cost ≤ 5 %)", pass: prate[prodLog] >= 0.95*prate[prodPlain], verdict: true},
+		row{name: "l' producer tx/s in log mode vs table mode (ExecWithEvents, no relay beside either)",
+			value: prate[prodLog], baseline: prate[prodOutbox], unit: " tx/s", target: "—"},
+		row{name: "l' producer tx/s in log mode with a log relay streaming beside vs without",
+			value: prate[prodLogRelay], baseline: prate[prodLog], unit: " tx/s", target: "—"},
+	)
+	return rows0, nil
+}
+
+// logFill writes n events into the log-mode table as producers would, in
+// transactions of logFillTx events (one transaction of the whole backlog
+// would be decoded as one, spilled to disk by the walsender).
+func (b *bench) logFill(ctx context.Context, n int) error {
+	const logFillTx = 100
+	for i := 0; i < n; i += logFillTx {
+		if _, err := b.db.ExecContext(ctx, "INSERT INTO "+logTable+" (event_id, aggregate_type, aggregate_id, event_type, payload)"+
+			" SELECT gen_random_uuid(), 'order', 'o-' || (g % 1000), 'order.created', "+payloadSQL("g")+
+			" FROM generate_series($1::int, $2::int) AS g", i+1, min(i+logFillTx, n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureOrders creates the producers' business table.
+func (b *bench) ensureOrders(ctx context.Context) error {
+	_, err := b.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (
+		id BIGSERIAL PRIMARY KEY, customer_id TEXT NOT NULL, amount_cents INT NOT NULL,
+		payload JSONB NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())`)
+	return err
+}
+
+// logDrainRate runs a fresh log relay until it published n events from its
+// slot, and returns its rate and the rows it wrote to the table. With
+// BENCH_LOG_PROFILE set (a file name), the first drain is CPU-profiled.
+func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, first bool) (float64, int64, error) {
+	store, err := b.store(b.db, names.Table, sqlxoutbox.Options{})
+	if err != nil {
+		return 0, 0, err
+	}
+	pub := &memPublisher{}
+	r, err := logrelay.New(store, pub, logrelay.Options{ConnString: b.dsn, Names: names,
+		Relay: core.RelayOptions{BatchSize: backlogBatchSize, Logger: b.quiet}})
+	if err != nil {
+		return 0, 0, err
+	}
+	if path := os.Getenv("BENCH_LOG_PROFILE"); path != "" && first {
+		f, err := os.Create(path)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return 0, 0, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(rctx) }()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for r.Counters().Published < int64(n) {
+		select {
+		case err := <-done:
+			return 0, 0, fmt.Errorf("log relay stopped: %w", err)
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		case <-tick.C:
+		}
+	}
+	el := time.Since(start)
+	// Let it confirm, so that the next round starts past this backlog.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := logrelay.Status(ctx, b.dsn, names)
+		if err != nil {
+			return 0, 0, err
+		}
+		if st.UnconfirmedBytes < 1<<20 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		return 0, 0, err
+	}
+	var rows int64
+	if err := b.db.QueryRowContext(ctx, "SELECT count(*) FROM "+names.Table).Scan(&rows); err != nil {
+		return 0, 0, err
+	}
+	return float64(n) / el.Seconds(), r.Counters().TableWrites + rows, nil
+}
+
+// rawSlotRate reads n of the outbox's messages from the slot with nothing
+// but the replication protocol and pgoutput's framing: what the server's
+// walsender and the connection give, before any JSON, batching or publish.
+// It confirms what it read, so that the next round starts past it.
+func rawSlotRate(ctx context.Context, dsn string, names logrelay.Names, n int) (float64, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return 0, err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	start := time.Now()
+	if err := pglogrepl.StartReplication(ctx, conn, names.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + names.Publication + "'", "messages 'true'"},
+	}); err != nil {
+		return 0, err
+	}
+	var got int
+	var end pglogrepl.LSN // of the latest transaction read whole
+	for got < n || end == 0 {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		msg, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("after %d messages: %w", got, err)
+		}
+		cd, ok := msg.(*pgproto3.CopyData)
+		if !ok || len(cd.Data) == 0 || cd.Data[0] != pglogrepl.XLogDataByteID {
+			continue
+		}
+		xld, err := pglogrepl.ParseXLogData(cd.Data[1:])
+		if err != nil {
+			return 0, err
+		}
+		if len(xld.WALData) == 0 {
+			continue
+		}
+		switch pglogrepl.MessageType(xld.WALData[0]) {
+		case pglogrepl.MessageTypeMessage:
+			got++
+			end = 0
+		case pglogrepl.MessageTypeCommit:
+			var c pglogrepl.CommitMessage
+			if err := c.Decode(xld.WALData[1:]); err != nil {
+				return 0, err
+			}
+			end = c.TransactionEndLSN
+		}
+	}
+	el := time.Since(start)
+	if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: end}); err != nil {
+		return 0, err
+	}
+	return float64(n) / el.Seconds(), nil
+}
+
+// logLatency runs producers at LatencyRate for LatencyFor, each event in a
+// transaction of its own, while a log relay streams: latency runs from just
+// before COMMIT to the relay's publish.
+func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies, error) {
+	box, err := b.store(b.db, names.Table, sqlxoutbox.Options{})
+	if err != nil {
+		return latencies{}, err
+	}
+	var mu sync.Mutex
+	published := map[string]time.Time{}
+	pub := core.PublisherFunc(func(_ context.Context, evs []core.Event) error {
+		now := time.Now()
+		mu.Lock()
+		for i := range evs {
+			published[evs[i].ID] = now
+		}
+		mu.Unlock()
+		return nil
+	})
+	r, err := logrelay.New(box, pub, logrelay.Options{ConnString: b.dsn, Names: names, Relay: core.RelayOptions{Logger: b.quiet}})
+	if err != nil {
+		return latencies{}, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	// Steady state: the walsender has read past the WAL the scenarios
+	// before wrote (it decodes all of it), and the relay confirmed it.
+	for caughtUp := false; !caughtUp; {
+		select {
+		case err := <-done:
+			return latencies{}, err
+		case <-time.After(50 * time.Millisecond):
+		}
+		st, err := logrelay.Status(ctx, b.dsn, names)
+		if err != nil {
+			return latencies{}, err
+		}
+		caughtUp = r.Streaming() && st.UnconfirmedBytes < 64<<10
+	}
+	total := int(b.c.LatencyFor.Seconds() * float64(b.c.LatencyRate))
+	committed := make([]time.Time, total)
+	ids := make([]string, total)
+	jobs := make(chan int, total)
+	errs := make(chan error, b.c.Producers)
+	var wg sync.WaitGroup
+	for range b.c.Producers {
+		wg.Go(func() {
+			for i := range jobs {
+				id, t0, err := b.produceOne(ctx, box, i)
+				if err != nil {
+					errs <- err
+					return
+				}
+				ids[i], committed[i] = id, t0
+			}
+		})
+	}
+	b.pace(jobs, total)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return latencies{}, err
+	default:
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(published)
+		mu.Unlock()
+		if n >= total {
+			break
+		}
+		if time.Now().After(deadline) {
+			return latencies{}, fmt.Errorf("only %d of %d events published", n, total)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	var lat []time.Duration
+	for i := total / 20; i < total; i++ {
+		d := max(published[ids[i]].Sub(committed[i]), 0)
+		lat = append(lat, d)
+		if os.Getenv("BENCH_DEBUG") != "" && d > 20*time.Millisecond {
+			b.log.Info("slow log-mode event", "i", i, "at", committed[i].Sub(committed[0]), "latency", d)
+		}
+	}
+	return latencies{p50: percentile(lat, 0.50), p99: percentile(lat, 0.99)}, nil
+}
+
+// logProducerRun is one slice of the log-mode producers: ExecWithEvents
+// into a table in log mode, with a log relay streaming its slot beside if
+// relay is set.
+func (b *bench) logProducerRun(ctx context.Context, names logrelay.Names, relay bool, d time.Duration) (int64, time.Duration, error) {
+	box, err := b.store(b.db, names.Table, sqlxoutbox.Options{})
+	if err != nil {
+		return 0, 0, err
+	}
+	if !relay {
+		return b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, box, prodLog, i) })
+	}
+	r, err := logrelay.New(box, &memPublisher{}, logrelay.Options{ConnString: b.dsn, Names: names, Relay: core.RelayOptions{Logger: b.quiet}})
+	if err != nil {
+		return 0, 0, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	return b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, box, prodLog, i) })
+}
