@@ -1,6 +1,7 @@
 package logrelay
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -536,27 +537,31 @@ func (r *Relay) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- ite
 	}
 }
 
-// row is the outbox row as the trigger's row_to_json writes it.
-type row struct {
+// header is the first line of a message: the event's fields but its
+// payload (see messagePrefix).
+type header struct {
 	ID            int64             `json:"id"`
 	EventID       string            `json:"event_id"`
 	AggregateType string            `json:"aggregate_type"`
 	AggregateID   string            `json:"aggregate_id"`
 	EventType     string            `json:"event_type"`
-	Payload       json.RawMessage   `json:"payload"`
 	Headers       map[string]string `json:"headers"`
 	CreatedAt     time.Time         `json:"created_at"`
 }
 
 func decodeEvent(b []byte) (core.Event, error) {
-	var rw row
-	if err := json.Unmarshal(b, &rw); err != nil {
+	line, payload, ok := bytes.Cut(b, []byte{'\n'})
+	if !ok {
+		return core.Event{}, errors.New("no newline between the header and the payload")
+	}
+	var h header
+	if err := json.Unmarshal(line, &h); err != nil {
 		return core.Event{}, err
 	}
 	return core.Event{
-		Seq: rw.ID, ID: rw.EventID, AggregateType: rw.AggregateType, AggregateID: rw.AggregateID,
-		EventType: rw.EventType, Payload: rw.Payload, Headers: rw.Headers,
-		CreatedAt: rw.CreatedAt, NextAttemptAt: rw.CreatedAt,
+		Seq: h.ID, ID: h.EventID, AggregateType: h.AggregateType, AggregateID: h.AggregateID,
+		EventType: h.EventType, Payload: bytes.Clone(payload), Headers: h.Headers,
+		CreatedAt: h.CreatedAt, NextAttemptAt: h.CreatedAt,
 	}, nil
 }
 

@@ -24,6 +24,13 @@ const (
 	TriggerName = dialect.LogTrigger
 )
 
+// messagePrefix starts the prefix of log mode's messages, followed by the
+// table. The content is the event's fields but its payload, as one line
+// of JSON (which escapes any newline in its strings), a newline, then the
+// payload as PostgreSQL prints jsonb: the relay decodes the small line and
+// takes the payload as it is, valid JSON by construction.
+const messagePrefix = "txoutbox/1:"
+
 // relaySetting is the transaction setting under which the relay writes the
 // events it hands to the table's retry path: the trigger lets those rows in.
 const relaySetting = "txoutbox.relay"
@@ -88,7 +95,7 @@ func (n Names) resolve() (resolved, error) {
 	if !slotRE.MatchString(n.Publication) {
 		return resolved{}, fmt.Errorf("%w: logrelay: publication %q: want [a-z0-9_]{1,63}", core.ErrInvalidOptions, n.Publication)
 	}
-	r := resolved{table: id, slot: n.Slot, pub: n.Publication, prefix: "txoutbox:" + id.String()}
+	r := resolved{table: id, slot: n.Slot, pub: n.Publication, prefix: messagePrefix + id.String()}
 	r.quotedTable = dialect.Postgres.Quote(id)
 	fnName := "txoutbox_log_" + id.Name
 	if len(fnName) > 63 {
@@ -171,7 +178,10 @@ BEGIN
 	IF current_setting('` + relaySetting + `', true) = 'on' THEN
 		RETURN NEW;
 	END IF;
-	PERFORM pg_logical_emit_message(true, '` + r.prefix + `', row_to_json(NEW)::text);
+	PERFORM pg_logical_emit_message(true, '` + r.prefix + `', json_build_object(
+		'id', NEW.id, 'event_id', NEW.event_id, 'aggregate_type', NEW.aggregate_type,
+		'aggregate_id', NEW.aggregate_id, 'event_type', NEW.event_type,
+		'headers', NEW.headers, 'created_at', NEW.created_at)::text || E'\n' || NEW.payload::text);
 	RETURN NULL;
 END
 $txoutbox$`
