@@ -1,6 +1,7 @@
 package faultmatrix_test
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"io"
@@ -28,6 +29,7 @@ import (
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/logrelay"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 	"github.com/txoutbox/txoutbox/testing/faultproxy"
 	"github.com/txoutbox/txoutbox/testing/sqlfixture"
@@ -54,14 +56,25 @@ type cell struct {
 	ordering       string
 	// pg, when set, is the crashable server the outbox lives on.
 	pg *testenv.Cluster
-	// mariaDB puts the outbox on MariaDB instead of PostgreSQL.
-	mariaDB bool
+	// backend is where the outbox is, and how it is relayed.
+	backend backend
+	// slot is log mode's replication slot (backendLog).
+	slot string
 }
+
+// backend is where a cell's outbox is and how the relay reads it.
+type backend int
+
+const (
+	backendPostgres backend = iota // PostgreSQL, table mode
+	backendMariaDB                 // MariaDB, table mode
+	backendLog                     // PostgreSQL, log mode (package logrelay)
+)
 
 // store makes a fresh PostgreSQL outbox whose producers write directly and
 // whose relay reads through c.db.
 func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
-	if c.mariaDB {
+	if c.backend == backendMariaDB {
 		return c.mariaDBStore(t)
 	}
 	var dsn string
@@ -96,6 +109,16 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 	ob, err := sqlxoutbox.NewDB(proxied, sqlxoutbox.Options{Dialect: dialect.Postgres, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.backend == backendLog {
+		c.slot = "fault_" + testenv.RandomSuffix()
+		names := logrelay.Names{Slot: c.slot, Publication: c.slot}
+		if err := logrelay.Setup(t.Context(), dsn, names); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { // before the database is dropped
+			_ = logrelay.Teardown(context.Background(), dsn, names, logrelay.TeardownOptions{Force: true})
+		})
 	}
 	return fx.StoreFixture(ob)
 }
@@ -312,6 +335,9 @@ func (c *cell) startRelay(t *testing.T) {
 	cmd := exec.Command(cliBinary(t), "relay", "--dsn", c.relayDSN, "--broker", c.brokerURL, "--ordering", c.ordering,
 		"--http-addr", c.httpAddr, "--poll-interval", "50ms", "--publish-timeout", "2s", "--initial-backoff", "100ms",
 		"--max-backoff", "1s", "--max-attempts", "1000", "--batch-size", "25", "--concurrency", "2", "--stats-interval", "500ms")
+	if c.backend == backendLog {
+		cmd.Args = append(cmd.Args, "--mode", "log", "--slot", c.slot, "--publication", c.slot)
+	}
 	cmd.Env = append(os.Environ(), "TXOUTBOX_DSN=", "TXOUTBOX_BROKER=")
 	out := &lockedBuffer{}
 	c.relayLog = out
@@ -377,12 +403,14 @@ func TestFaultMatrix(t *testing.T) {
 	type broker struct {
 		name    string
 		new     func(c *cell) outboxtest.NewBrokerFunc
-		mariaDB bool // the outbox on MariaDB
+		backend backend
 	}
 	brokers := []broker{
-		{"RabbitMQ", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, false},
-		{"Kafka", func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }, false},
-		{"RabbitMQ, outbox on MariaDB", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, true},
+		{"RabbitMQ", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, backendPostgres},
+		{"Kafka", func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }, backendPostgres},
+		{"RabbitMQ, outbox on MariaDB", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, backendMariaDB},
+		{"RabbitMQ, log mode", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, backendLog},
+		{"Kafka, log mode", func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }, backendLog},
 	}
 	opts := outboxtest.FaultOptions{}
 	if long {
@@ -395,12 +423,15 @@ func TestFaultMatrix(t *testing.T) {
 				names := faults(&cell{})
 				for i := range names {
 					name := names[i].Name
-					if b.mariaDB && names[i].crash {
-						continue // the crash cell runs a PostgreSQL cluster of its own
+					if b.backend != backendPostgres && names[i].crash {
+						// The crash cell runs a PostgreSQL cluster of its
+						// own; TestOutageChaosLog (package ordered)
+						// crashes log mode's server.
+						continue
 					}
 					ordered := map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode]
 					t.Run(ordered+"/"+strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
-						runCell(t, b.name, b.new, b.mariaDB, mode, opts, func(c *cell) faultCase { return faults(c)[i] })
+						runCell(t, b.name, b.new, b.backend, mode, opts, func(c *cell) faultCase { return faults(c)[i] })
 					})
 				}
 			}
@@ -415,9 +446,9 @@ func TestFaultMatrix(t *testing.T) {
 
 // runCell runs one cell: a fresh outbox, broker and inbox, the relay
 // process, the fault of pick, and the checks of what the relay reports.
-func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBrokerFunc, mariaDB bool, mode core.OrderingMode,
+func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBrokerFunc, be backend, mode core.OrderingMode,
 	opts outboxtest.FaultOptions, pick func(c *cell) faultCase) outboxtest.FaultReport {
-	c := &cell{ordering: map[core.OrderingMode]string{core.OrderingOff: "off", core.OrderingOn: "on"}[mode], mariaDB: mariaDB}
+	c := &cell{ordering: map[core.OrderingMode]string{core.OrderingOff: "off", core.OrderingOn: "on"}[mode], backend: be}
 	fc := pick(c)
 	o := opts
 	o.Ordering = mode
@@ -452,7 +483,7 @@ func TestFaultMatrixOutage(t *testing.T) {
 	var rows []string
 	for _, mode := range []core.OrderingMode{core.OrderingOff, core.OrderingOn} {
 		t.Run(map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode], func(t *testing.T) {
-			rep := runCell(t, "RabbitMQ stopped", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, false, mode, outboxtest.FaultOptions{},
+			rep := runCell(t, "RabbitMQ stopped", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, backendPostgres, mode, outboxtest.FaultOptions{},
 				func(c *cell) faultCase {
 					return faultCase{Fault: outboxtest.Fault{Name: "broker stopped and started", Duration: d,
 						Inject: func(t *testing.T) { testenv.RabbitMQCtl(t, "stop_app") },
@@ -550,6 +581,8 @@ const (
 	brokerBackLine = "the broker takes events again"
 	storeDownLine  = "relay batch failed; retrying with backoff"
 	storeBackLine  = "relay batches succeed again"
+	streamLostLine = "log: stream lost; reconnecting"
+	streamBackLine = "log: streaming again"
 )
 
 // checkAfter checks that the relay reports health again, and that it
@@ -573,7 +606,7 @@ func (c *cell) checkAfter(t *testing.T, signals string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	out := c.relayLog.String()
-	for _, pair := range [][2]string{{brokerDownLine, brokerBackLine}, {storeDownLine, storeBackLine}} {
+	for _, pair := range [][2]string{{brokerDownLine, brokerBackLine}, {storeDownLine, storeBackLine}, {streamLostLine, streamBackLine}} {
 		down, back := strings.Count(out, pair[0]), strings.Count(out, pair[1])
 		want := (signals == "broker" && pair[0] == brokerDownLine) || (signals == "store" && pair[0] == storeDownLine)
 		switch {
