@@ -95,19 +95,9 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 	if err != nil {
 		return latencies{}, err
 	}
-	var mu sync.Mutex
-	published := map[string]time.Time{}
-	pub := core.PublisherFunc(func(_ context.Context, evs []core.Event) error {
-		now := time.Now()
-		mu.Lock()
-		for i := range evs {
-			published[evs[i].ID] = now
-		}
-		mu.Unlock()
-		return nil
-	})
+	published := newPublishTimes()
 	timed := &timedStore{Store: relayBox}
-	relay, err := core.NewRelay(timed, pub, core.RelayOptions{BatchSize: 100, PollInterval: b.c.PollInterval, Cooldown: b.c.Cooldown, Logger: b.log})
+	relay, err := core.NewRelay(timed, published, core.RelayOptions{BatchSize: 100, PollInterval: b.c.PollInterval, Cooldown: b.c.Cooldown, Logger: b.log})
 	if err != nil {
 		return latencies{}, err
 	}
@@ -140,54 +130,21 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 	}
 	goRun(relay.Run)
 
-	total := int(b.c.LatencyFor.Seconds() * float64(b.c.LatencyRate))
-	committed := make([]time.Time, total)
-	commitTook := make([]time.Duration, total)
-	ids := make([]string, total)
-	jobs := make(chan int, total)
-	errs := make(chan error, b.c.Producers)
-	var pwg sync.WaitGroup
-	for range b.c.Producers {
-		pwg.Add(1)
-		go func() {
-			defer pwg.Done()
-			for i := range jobs {
-				id, t0, err := b.produceOne(ctx, producer, i)
-				if err != nil {
-					errs <- err
-					return
-				}
-				ids[i], committed[i], commitTook[i] = id, t0, time.Since(t0)
-			}
-		}()
-	}
-	start := b.pace(jobs, total)
-	pwg.Wait()
-	select {
-	case err := <-errs:
+	ids, committed, commitTook, start, err := b.paced(ctx, producer)
+	if err != nil {
 		return latencies{}, err
-	default:
 	}
-	deadline := time.Now().Add(30*time.Second + 2*b.c.PollInterval)
-	for {
-		mu.Lock()
-		n := len(published)
-		mu.Unlock()
-		if n >= total {
-			break
-		}
-		if time.Now().After(deadline) {
-			return latencies{}, fmt.Errorf("only %d of %d events published", n, total)
-		}
-		time.Sleep(10 * time.Millisecond)
+	total := len(ids)
+	if err := published.wait(total, 30*time.Second+2*b.c.PollInterval); err != nil {
+		return latencies{}, err
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	published.mu.Lock()
+	defer published.mu.Unlock()
 	// The first 5 % warm connections and caches up.
 	var lat []time.Duration
 	slow := 0
 	for i := total / 20; i < total; i++ {
-		d := max(published[ids[i]].Sub(committed[i]), 0)
+		d := max(published.at[ids[i]].Sub(committed[i]), 0)
 		lat = append(lat, d)
 		if d > b.c.PollInterval/4 {
 			slow++
@@ -202,6 +159,78 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 	claims := timed.empty + timed.nonEmpty
 	timed.mu.Unlock()
 	return latencies{p50: percentile(lat, 0.50), p99: percentile(lat, 0.99), claimsPerEvent: float64(claims) / float64(total)}, nil
+}
+
+// publishTimes is a publisher that records when each event was handed to
+// it: the end of a latency measurement.
+type publishTimes struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func newPublishTimes() *publishTimes { return &publishTimes{at: map[string]time.Time{}} }
+
+func (p *publishTimes) Publish(_ context.Context, evs []core.Event) error {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range evs {
+		p.at[evs[i].ID] = now
+	}
+	return nil
+}
+
+func (p *publishTimes) Capabilities() core.PublisherCapabilities { return core.PublisherCapabilities{} }
+
+// wait waits until n distinct events were published, at most d.
+func (p *publishTimes) wait(n int, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		p.mu.Lock()
+		got := len(p.at)
+		p.mu.Unlock()
+		if got >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d events published", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// paced has Producers connections commit LatencyFor × LatencyRate events
+// into box at LatencyRate, one per transaction, and returns each one's ID,
+// the time just before its COMMIT, how long the COMMIT took, and when the
+// pace started.
+func (b *bench) paced(ctx context.Context, box *sqlxoutbox.Outbox) (ids []string, committed []time.Time, commitTook []time.Duration, start time.Time, err error) {
+	total := int(b.c.LatencyFor.Seconds() * float64(b.c.LatencyRate))
+	committed = make([]time.Time, total)
+	commitTook = make([]time.Duration, total)
+	ids = make([]string, total)
+	jobs := make(chan int, total)
+	errs := make(chan error, b.c.Producers)
+	var wg sync.WaitGroup
+	for range b.c.Producers {
+		wg.Go(func() {
+			for i := range jobs {
+				id, t0, err := b.produceOne(ctx, box, i)
+				if err != nil {
+					errs <- err
+					return
+				}
+				ids[i], committed[i], commitTook[i] = id, t0, time.Since(t0)
+			}
+		})
+	}
+	start = b.pace(jobs, total)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return nil, nil, nil, start, err
+	default:
+	}
+	return ids, committed, commitTook, start, nil
 }
 
 // latencyFloor measures what any relay woken by commits is bounded by on

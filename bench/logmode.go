@@ -7,7 +7,6 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -305,18 +304,8 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 	if err != nil {
 		return latencies{}, err
 	}
-	var mu sync.Mutex
-	published := map[string]time.Time{}
-	pub := core.PublisherFunc(func(_ context.Context, evs []core.Event) error {
-		now := time.Now()
-		mu.Lock()
-		for i := range evs {
-			published[evs[i].ID] = now
-		}
-		mu.Unlock()
-		return nil
-	})
-	r, err := logrelay.New(box, pub, logrelay.Options{ConnString: b.dsn, Names: names, Relay: core.RelayOptions{Logger: b.quiet}})
+	published := newPublishTimes()
+	r, err := logrelay.New(box, published, logrelay.Options{ConnString: b.dsn, Names: names, Relay: core.RelayOptions{Logger: b.quiet}})
 	if err != nil {
 		return latencies{}, err
 	}
@@ -338,51 +327,21 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 		}
 		caughtUp = r.Streaming() && st.UnconfirmedBytes < 64<<10
 	}
-	total := int(b.c.LatencyFor.Seconds() * float64(b.c.LatencyRate))
-	committed := make([]time.Time, total)
-	ids := make([]string, total)
-	jobs := make(chan int, total)
-	errs := make(chan error, b.c.Producers)
-	var wg sync.WaitGroup
-	for range b.c.Producers {
-		wg.Go(func() {
-			for i := range jobs {
-				id, t0, err := b.produceOne(ctx, box, i)
-				if err != nil {
-					errs <- err
-					return
-				}
-				ids[i], committed[i] = id, t0
-			}
-		})
-	}
-	b.pace(jobs, total)
-	wg.Wait()
-	select {
-	case err := <-errs:
+	ids, committed, _, _, err := b.paced(ctx, box)
+	if err != nil {
 		return latencies{}, err
-	default:
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		mu.Lock()
-		n := len(published)
-		mu.Unlock()
-		if n >= total {
-			break
-		}
-		if time.Now().After(deadline) {
-			return latencies{}, fmt.Errorf("only %d of %d events published", n, total)
-		}
-		time.Sleep(10 * time.Millisecond)
+	total := len(ids)
+	if err := published.wait(total, 30*time.Second); err != nil {
+		return latencies{}, err
 	}
 	cancel()
 	<-done
-	mu.Lock()
-	defer mu.Unlock()
+	published.mu.Lock()
+	defer published.mu.Unlock()
 	var lat []time.Duration
 	for i := total / 20; i < total; i++ {
-		d := max(published[ids[i]].Sub(committed[i]), 0)
+		d := max(published.at[ids[i]].Sub(committed[i]), 0)
 		lat = append(lat, d)
 		if os.Getenv("BENCH_DEBUG") != "" && d > 20*time.Millisecond {
 			b.log.Info("slow log-mode event", "i", i, "at", committed[i].Sub(committed[0]), "latency", d)
