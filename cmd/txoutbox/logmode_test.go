@@ -76,6 +76,17 @@ func TestLogMode(t *testing.T) {
 		t.Errorf("log status table:\n%s", r.stdout)
 	}
 
+	// stats says where the pending events are in log mode.
+	r = ok(t, dsn, "stats", "--slot", slot)
+	if !strings.Contains(r.stdout, "log mode: the table holds the failed events") || !strings.Contains(r.stdout, "streaming true") {
+		t.Errorf("stats in log mode:\n%s", r.stdout)
+	}
+	r = ok(t, dsn, "stats", "--slot", slot, "--format", "json")
+	var sj statsJSON
+	if err := json.Unmarshal([]byte(r.stdout), &sj); err != nil || sj.LogMode == nil || !sj.LogMode.Streaming || sj.LogMode.Slot != slot {
+		t.Errorf("stats --format json in log mode: %v\n%s", err, r.stdout)
+	}
+
 	// Back to table mode: the relay confirmed everything, so drop goes
 	// through and the log relay stops, saying why.
 	ok(t, dsn, "log", "drop", "--slot", slot, "--publication", slot, "--wait", "20s")

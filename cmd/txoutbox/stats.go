@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,7 +11,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/logrelay"
 )
 
 // statsJSON is the output of stats --format json. Durations are seconds, so
@@ -21,6 +25,20 @@ type statsJSON struct {
 	OldestPendingAgeSeconds float64                  `json:"oldest_pending_age_seconds"`
 	Dead                    int64                    `json:"dead"`
 	ByType                  map[string]typeStatsJSON `json:"by_type"`
+	// LogMode is set when the table is in log mode: its pending events
+	// are also in the slot, unconfirmed.
+	LogMode *logStatsJSON `json:"log_mode,omitempty"`
+}
+
+// logStatsJSON is the slot's part of stats in log mode.
+type logStatsJSON struct {
+	Slot                string   `json:"slot"`
+	Exists              bool     `json:"exists"`
+	Streaming           bool     `json:"streaming"`
+	UnconfirmedWALBytes int64    `json:"unconfirmed_wal_bytes"`
+	RetainedWALBytes    int64    `json:"retained_wal_bytes"`
+	ConfirmedLagSeconds *float64 `json:"confirmed_lag_seconds"`
+	Invalidated         bool     `json:"invalidated"`
 }
 
 type typeStatsJSON struct {
@@ -33,6 +51,7 @@ func (a *app) statsCommand() *cobra.Command {
 	var (
 		format string
 		maxAge time.Duration
+		slot   string
 	)
 	cmd := &cobra.Command{
 		Use:   "stats",
@@ -45,7 +64,13 @@ A growing oldest pending age means the relay is down, stuck or too slow; dead
 events need an operator (see 'txoutbox dead --help').
 
 With --max-age, stats exits with status 3 when the oldest pending event is
-older than the limit, for cron jobs and health checks.`,
+older than the limit, for cron jobs and health checks.
+
+In log mode (PostgreSQL; 'txoutbox log --help') the table holds only the
+events whose publish failed: the others are pending in the slot until the
+relay confirms them. stats then also shows the slot (--slot): whether a relay
+streams it, the WAL not yet confirmed, and the confirmed position's lag, which
+--max-age also checks.`,
 		Example: `  txoutbox stats
   txoutbox stats --format json | jq '.by_type["order.created"].pending'
 
@@ -65,13 +90,22 @@ older than the limit, for cron jobs and health checks.`,
 			if err != nil {
 				return fmt.Errorf("read stats: %w", err)
 			}
+			lm, err := a.logModeStats(cmd.Context(), db, ob, slot)
+			if err != nil {
+				return err
+			}
 			if format == "json" {
-				err = writeStatsJSON(a.stdout, s)
+				err = writeStatsJSON(a.stdout, s, lm)
 			} else {
-				err = writeStatsTable(a.stdout, s)
+				err = writeStatsTable(a.stdout, s, lm)
 			}
 			if err != nil {
 				return err
+			}
+			if lm != nil && maxAge > 0 && (lm.Invalidated || (lm.ConfirmedLagSeconds != nil && *lm.ConfirmedLagSeconds > maxAge.Seconds()) ||
+				(!lm.Streaming && lm.UnconfirmedWALBytes > 0)) {
+				a.log.Warn("txoutbox: log mode's slot is lagging", "slot", lm.Slot, "streaming", lm.Streaming, "unconfirmed_wal_bytes", lm.UnconfirmedWALBytes, "max_age", maxAge)
+				return fmt.Errorf("%w: slot %s: streaming %t, %d bytes of WAL unconfirmed, invalidated %t (--max-age %s)", ErrLagging, lm.Slot, lm.Streaming, lm.UnconfirmedWALBytes, lm.Invalidated, maxAge)
 			}
 			if maxAge > 0 && s.Pending > 0 && s.OldestPendingAge > maxAge {
 				a.log.Warn("txoutbox: outbox is lagging", "oldest_pending_age", s.OldestPendingAge, "max_age", maxAge, "pending", s.Pending)
@@ -82,13 +116,44 @@ older than the limit, for cron jobs and health checks.`,
 	}
 	cmd.Flags().StringVar(&format, "format", "table", "output format: table or json")
 	cmd.Flags().DurationVar(&maxAge, "max-age", 0, "exit with status 3 when the oldest pending event is older (0: never)")
+	cmd.Flags().StringVar(&slot, "slot", logrelay.DefaultSlot, "log mode: the replication slot to report on")
 	return cmd
 }
 
-func writeStatsJSON(w io.Writer, s core.Stats) error {
+// logModeStats returns the slot's state when the table is in log mode
+// (PostgreSQL, log mode's trigger on it), else nil.
+func (a *app) logModeStats(ctx context.Context, db *database, ob *sqlxoutbox.Outbox, slot string) (*logStatsJSON, error) {
+	if db.dialect != dialect.Postgres {
+		return nil, nil
+	}
+	var on bool
+	if err := db.db.QueryRowContext(ctx, ob.Queries().LogMode()).Scan(&on); err != nil {
+		return nil, fmt.Errorf("read stats: %w", err)
+	}
+	if !on {
+		return nil, nil
+	}
+	dsn, err := a.requireDSN()
+	if err != nil {
+		return nil, err
+	}
+	st, err := logrelay.Status(ctx, dsn, logrelay.Names{Table: a.table, Slot: slot})
+	if err != nil {
+		return nil, logModeError(err)
+	}
+	out := &logStatsJSON{Slot: st.Slot, Exists: st.Exists, Streaming: st.Active, UnconfirmedWALBytes: st.UnconfirmedBytes,
+		RetainedWALBytes: st.RetainedBytes, Invalidated: st.Invalidated}
+	if st.Exists && st.ConfirmedAge >= 0 {
+		v := st.ConfirmedAge.Seconds()
+		out.ConfirmedLagSeconds = &v
+	}
+	return out, nil
+}
+
+func writeStatsJSON(w io.Writer, s core.Stats, lm *logStatsJSON) error {
 	out := statsJSON{
 		Pending: s.Pending, OldestPendingAgeSeconds: s.OldestPendingAge.Seconds(), Dead: s.Dead,
-		ByType: make(map[string]typeStatsJSON, len(s.ByType)),
+		ByType: make(map[string]typeStatsJSON, len(s.ByType)), LogMode: lm,
 	}
 	if !s.OldestPending.IsZero() {
 		t := s.OldestPending.UTC()
@@ -102,7 +167,7 @@ func writeStatsJSON(w io.Writer, s core.Stats) error {
 	return enc.Encode(out)
 }
 
-func writeStatsTable(w io.Writer, s core.Stats) error {
+func writeStatsTable(w io.Writer, s core.Stats, lm *logStatsJSON) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT TYPE\tPENDING\tOLDEST PENDING\tDEAD")
 	names := make([]string, 0, len(s.ByType))
@@ -115,7 +180,20 @@ func writeStatsTable(w io.Writer, s core.Stats) error {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", name, ts.Pending, age(ts.Pending, ts.OldestPendingAge), ts.Dead)
 	}
 	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t%d\n", s.Pending, age(s.Pending, s.OldestPendingAge), s.Dead)
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if lm != nil {
+		lag := "-"
+		if lm.ConfirmedLagSeconds != nil {
+			lag = time.Duration(*lm.ConfirmedLagSeconds * float64(time.Second)).Round(time.Millisecond).String()
+		}
+		_, err := fmt.Fprintf(w, "\nlog mode: the table holds the failed events; the others are pending in slot %s until confirmed:\n"+
+			"  exists %t, streaming %t, unconfirmed WAL %s, retained WAL %s, confirmed lag %s, invalidated %t ('txoutbox log status')\n",
+			lm.Slot, lm.Exists, lm.Streaming, bytesHuman(lm.UnconfirmedWALBytes), bytesHuman(lm.RetainedWALBytes), lag, lm.Invalidated)
+		return err
+	}
+	return nil
 }
 
 // age formats an oldest-pending age for people: "-" when nothing is pending.
