@@ -543,6 +543,14 @@ func registerLogMetrics(reg prometheus.Registerer, r *logrelay.Relay) {
 			func() float64 { return float64(r.LastSlotStatus().UnconfirmedBytes) }),
 		gauge("slot_invalidated", "1 when the server invalidated the slot (wal_status lost): events may be missing.",
 			func() float64 { return b(r.LastSlotStatus().Invalidated) }),
+		gauge("confirmed_lag_seconds", "How long ago the WAL at the slot's confirmed position was written, as the streaming walsender measures it; -1 when no relay streams (at the latest stats check).",
+			func() float64 {
+				st := r.LastSlotStatus()
+				if st.ConfirmedAge < 0 {
+					return -1
+				}
+				return st.ConfirmedAge.Seconds()
+			}),
 		counter("published_total", "Events published from the stream.", func() float64 { return float64(r.Counters().Published) }),
 		counter("table_writes_total", "Events the stream wrote to the table's retry path (failed, or held behind a failed one).",
 			func() float64 { return float64(r.Counters().TableWrites) }),
