@@ -103,8 +103,11 @@ type Relay struct {
 	inflight   atomic.Int64
 	streaming  atomic.Bool
 	brokerDown atomic.Bool
-	storeDown  atomic.Bool
-	c          struct{ published, failed, held, confirms, streams atomic.Int64 }
+	// tableAtDown is what the table relay had published when the stream
+	// found the broker down (brokerBackViaTable).
+	tableAtDown atomic.Int64
+	storeDown   atomic.Bool
+	c           struct{ published, failed, held, confirms, streams atomic.Int64 }
 
 	mu     sync.Mutex
 	status SlotStatus // latest Stats read
@@ -615,6 +618,7 @@ func (r *Relay) publishLoop(ctx context.Context, in <-chan item) error {
 				break gather
 			}
 		}
+		r.brokerBackViaTable()
 		if r.order && (len(held) > 0 || len(waits) > 0) && time.Since(heldAt) >= recheckHeld {
 			if err := r.refreshHeld(ctx, held); err != nil {
 				return err
@@ -667,11 +671,15 @@ func (r *Relay) publishLoop(ctx context.Context, in <-chan item) error {
 // which aggregates it still holds, while some are.
 const recheckHeld = 50 * time.Millisecond
 
+// batchCommit is the commit time of the latest transaction of batch with
+// events (keepalives have none), or now.
 func batchCommit(batch []item) int64 {
-	if len(batch) == 0 {
-		return time.Now().UnixNano()
+	for i := len(batch) - 1; i >= 0; i-- {
+		if len(batch[i].events) > 0 && !batch[i].commit.IsZero() {
+			return batch[i].commit.UnixNano()
+		}
 	}
-	return batch[len(batch)-1].commit.UnixNano()
+	return time.Now().UnixNano()
 }
 
 // release publishes the waiting events of aggregates the table no longer
@@ -706,6 +714,18 @@ func (r *Relay) release(ctx context.Context, held map[string]bool, waits map[str
 	}
 	r.inflight.Add(-int64(len(free) + len(spill)))
 	return nil
+}
+
+// brokerBackViaTable clears the stream's "broker down" once the table
+// relay published something since: in ordered mode a stream whose
+// aggregates all wait for the table publishes nothing itself, and would
+// otherwise report the broker down long after it came back.
+func (r *Relay) brokerBackViaTable() {
+	if r.brokerDown.Load() && r.table.Counters().Published > r.tableAtDown.Load() && !r.table.Health().BrokerDown {
+		if r.brokerDown.CompareAndSwap(true, false) {
+			r.log.Info("txoutbox: log: the broker takes events again (from the table's retry path)")
+		}
+	}
 }
 
 // refreshHeld replaces held with the aggregates that have unpublished rows
@@ -860,6 +880,7 @@ func (r *Relay) publish(ctx context.Context, events []core.Event) ([]*core.Failu
 		}
 	case failed > 0:
 		if r.brokerDown.CompareAndSwap(false, true) {
+			r.tableAtDown.Store(r.table.Counters().Published)
 			r.log.Warn("txoutbox: log: the broker took no event of the batch; events go to the table's retry path (logged once until it takes events again)",
 				"events", len(events), "first_error", first)
 		}

@@ -614,9 +614,11 @@ func (c *cell) checkAfter(t *testing.T, signals string) {
 			t.Errorf("the relay logged %q %d times and %q %d times: a state left unannounced", pair[0], down, pair[1], back)
 		case want && down == 0:
 			t.Errorf("the relay never logged %q", pair[0])
-		case down > 3 && !long:
-			// A long fault of a slow broker (latency, bandwidth) lets
-			// some batches through: the state does change back and forth.
+		case down > 6 && !long:
+			// A slow or flapping broker (latency, bandwidth, Kafka's
+			// circuit breaker after resets) lets some batches through:
+			// the state does change back and forth a few times. Logging
+			// per failure would be dozens of lines.
 			t.Errorf("the relay logged %q %d times during one fault: per failure, not per change of state", pair[0], down)
 		}
 	}
