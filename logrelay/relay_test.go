@@ -403,3 +403,32 @@ func TestInvalidNames(t *testing.T) {
 		t.Errorf("New without store: %v", err)
 	}
 }
+
+// A broker that comes back while the stream publishes nothing itself
+// (every event it had went to the table, and no new one comes) is reported
+// back once the table's relay publishes: the relay's health does not stay
+// "broker down".
+func TestBrokerBackThroughTheTable(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
+	rec := outboxtest.NewRecorder()
+	pub := &flaky{inner: rec, down: map[string]bool{"agg-0": true, "agg-1": true}}
+	r := newRelay(t, l, pub, core.RelayOptions{
+		Ordering: core.OrderingOn, PollInterval: 50 * time.Millisecond,
+		Retry: core.RetryPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 1000},
+	})
+	evs := events(t, 20, 2)
+	enqueue(t, l, evs, 20) // one transaction: the stream's first and only batch
+	run(t, r)
+	waitFor(t, 10*time.Second, "the stream to find the broker down", func() bool { return r.Health().BrokerDown })
+	pub.heal()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Counters(); c.Published != 0 {
+		t.Fatalf("the stream published %d events itself; the test wants it to publish none", c.Published)
+	}
+	waitFor(t, 5*time.Second, "the relay to report the broker back", func() bool { return !r.Health().BrokerDown })
+}
