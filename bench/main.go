@@ -29,6 +29,8 @@
 //	   figure when b ran) and reading the slot alone; latency at a steady
 //	   1k events/s; producer tx/s against no outbox; the relay's writes per
 //	   event. BENCH_LOG_PROFILE=file CPU-profiles the first log-mode drain.
+//	v  the operations console (package console): each page's time with
+//	   Retained published events and a fiftieth as many dead ones
 //	m  MySQL/MariaDB (-mysql-dsn, default $TXOUTBOX_MYSQL_DSN): relay drain
 //	   against the same claim and mark statements by hand, producer tx/s
 //	   with the outbox row against without, and claim latency with a million
@@ -117,7 +119,7 @@ func main() {
 	quick := flag.Bool("quick", false, "smaller sizes (about a minute)")
 	dsn := flag.String("dsn", os.Getenv("TXOUTBOX_PG_DSN"), "PostgreSQL DSN allowed to CREATE DATABASE (default $TXOUTBOX_PG_DSN)")
 	keep := flag.Bool("keep", false, "keep the benchmark database")
-	only := flag.String("only", "", "run only these scenarios, e.g. ac (default all of abcdeflm; m needs -mysql-dsn)")
+	only := flag.String("only", "", "run only these scenarios, e.g. ac (default all of abcdeflvm; m needs -mysql-dsn)")
 	mysqlDSN := flag.String("mysql-dsn", os.Getenv("TXOUTBOX_MYSQL_DSN"), "m: MySQL/MariaDB server allowed to CREATE DATABASE (default $TXOUTBOX_MYSQL_DSN)")
 	rounds := flag.Int("rounds", 0, "repetitions of each throughput measurement (default 2, 1 with -quick)")
 	backlog := flag.Int("backlog", 0, "a: backlog size (default 200000)")
@@ -214,6 +216,13 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (err er
 		r, err := b.logScenario(ctx)
 		if err != nil {
 			return fmt.Errorf("scenario l: %w", err)
+		}
+		rows = append(rows, r...)
+	}
+	if want("v") {
+		r, err := b.consoleScenario(ctx)
+		if err != nil {
+			return fmt.Errorf("scenario v: %w", err)
 		}
 		rows = append(rows, r...)
 	}

@@ -318,6 +318,7 @@ export TXOUTBOX_MYSQL_DSN='mysql://txoutbox:test-pw@127.0.0.1:$MARIADB_PORT/'
 export TXOUTBOX_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
 export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBIT_NODE'
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'
+export TXOUTBOX_CHROMIUM='/usr/bin/chromium'
 export TXOUTBOX_S3_URL='s3://txoutbox?endpoint=http://127.0.0.1:$S3_PORT&use_path_style=true&region=us-east-1&anonymous=true'
 export TXOUTBOX_RABBITMQ_ENV='RABBITMQ_NODENAME=$RABBIT_NODE RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$AMQP_PORT RABBITMQ_DIST_PORT=$AMQP_DIST_PORT RABBITMQ_MNESIA_BASE=$SVC/rabbitmq/mnesia RABBITMQ_LOG_BASE=$SVC/rabbitmq/log RABBITMQ_ENABLED_PLUGINS_FILE=$SVC/rabbitmq/enabled_plugins RABBITMQ_CONFIG_FILE=$SVC/rabbitmq/rabbitmq'
 ENV
@@ -337,6 +338,8 @@ stop_all() {
 case "${1:-start}" in
 start)
 	mkdir -p "$SVC"
+	# The console's browser tests drive a real Chromium (chromedp).
+	need_pkg /usr/bin/chromium chromium
 	start_postgres
 	start_mariadb
 	start_rabbitmq

@@ -55,6 +55,13 @@ type (
 	ReplayFilter = dialect.ReplayFilter
 	// Page bounds a listing; see dialect.Page.
 	Page = dialect.Page
+	// EventFilter selects events to list; see dialect.EventFilter.
+	EventFilter = dialect.EventFilter
+	// EventPage bounds a listing newest first; see dialect.EventPage.
+	EventPage = dialect.EventPage
+	// DeadGroup is the dead events of one type and error; see
+	// dialect.DeadGroup.
+	DeadGroup = dialect.DeadGroup
 )
 
 // Options configures an Outbox. Zero fields take their defaults.
@@ -447,3 +454,30 @@ func (r *renamed) Error() string {
 }
 
 func (r *renamed) Unwrap() error { return r.err }
+
+// DeadGroups returns the dead events grouped by event type and last error,
+// the largest groups first, at most limit groups (default 500).
+func (o *Outbox) DeadGroups(ctx context.Context, limit int) ([]DeadGroup, error) {
+	gs, err := o.store.DeadGroups(ctx, limit)
+	return gs, rename(err)
+}
+
+// ListEvents returns one page of the events matching f, newest first.
+func (o *Outbox) ListEvents(ctx context.Context, f EventFilter, p EventPage) ([]core.Event, error) {
+	evs, err := o.store.ListEvents(ctx, f, p)
+	return evs, rename(err)
+}
+
+// CountPublishedSince returns how many events were published at or after
+// since.
+func (o *Outbox) CountPublishedSince(ctx context.Context, since time.Time) (int64, error) {
+	n, err := o.store.CountPublishedSince(ctx, since)
+	return n, rename(err)
+}
+
+// EstimateRows returns the table's row count as PostgreSQL estimates it,
+// without reading the table.
+func (o *Outbox) EstimateRows(ctx context.Context) (int64, bool, error) {
+	n, est, err := o.store.EstimateRows(ctx)
+	return n, est, rename(err)
+}

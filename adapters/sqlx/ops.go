@@ -185,3 +185,69 @@ func (o *Outbox) PendingTx(ctx context.Context, tx Tx, eventType string) ([]core
 	}
 	return evs, nil
 }
+
+// DeadGroups returns the dead events grouped by event type and last error,
+// the largest groups first, at most limit groups (default 500): what the
+// console shows an operator.
+func (o *Outbox) DeadGroups(ctx context.Context, limit int) ([]DeadGroup, error) {
+	query, args := o.q.DeadGroups(limit)
+	rows, err := o.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: group dead events: %w", dialect.CheckMigrated(err, o.q.Table()))
+	}
+	defer rows.Close()
+	var out []DeadGroup
+	for rows.Next() {
+		var g DeadGroup
+		var first, last dialect.Time
+		if err := rows.Scan(&g.EventType, &g.LastError, &g.Count, &first, &last); err != nil {
+			return nil, fmt.Errorf("sqlxoutbox: group dead events: %w", err)
+		}
+		g.FirstDead, g.LastDead = first.Time, last.Time
+		out = append(out, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: group dead events: %w", err)
+	}
+	return out, nil
+}
+
+// ListEvents returns one page of the events matching f, newest first (see
+// dialect.Queries.ListEvents), with their bookkeeping.
+func (o *Outbox) ListEvents(ctx context.Context, f EventFilter, p EventPage) ([]core.Event, error) {
+	query, args, err := o.q.ListEvents(f, p)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := o.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: list events: %w", dialect.CheckMigrated(err, o.q.Table()))
+	}
+	evs, err := dialect.CollectEvents(rows)
+	if err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: list events: %w", err)
+	}
+	return evs, nil
+}
+
+// CountPublishedSince returns how many events were published at or after
+// since.
+func (o *Outbox) CountPublishedSince(ctx context.Context, since time.Time) (int64, error) {
+	query, args := o.q.CountPublishedSince(since)
+	var n int64
+	if err := o.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("sqlxoutbox: count published events: %w", dialect.CheckMigrated(err, o.q.Table()))
+	}
+	return n, nil
+}
+
+// EstimateRows returns the table's row count as the database estimates it
+// without reading the table, and whether it is an estimate (SQLite keeps
+// none: there it is an exact count).
+func (o *Outbox) EstimateRows(ctx context.Context) (n int64, estimate bool, err error) {
+	query, args, estimate := o.q.EstimateRows()
+	if err := o.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
+		return 0, estimate, fmt.Errorf("sqlxoutbox: estimate rows: %w", dialect.CheckMigrated(err, o.q.Table()))
+	}
+	return n, estimate, nil
+}

@@ -96,6 +96,13 @@ type (
 	ReplayFilter = dialect.ReplayFilter
 	// Page bounds a listing; see dialect.Page.
 	Page = dialect.Page
+	// EventFilter selects events to list; see dialect.EventFilter.
+	EventFilter = dialect.EventFilter
+	// EventPage bounds a listing newest first; see dialect.EventPage.
+	EventPage = dialect.EventPage
+	// DeadGroup is the dead events of one type and error; see
+	// dialect.DeadGroup.
+	DeadGroup = dialect.DeadGroup
 )
 
 // Tx is where Enqueue writes: the caller's transaction, a *sql.Tx or a

@@ -53,6 +53,7 @@ type relayFlags struct {
 	mode            string
 	slot            string
 	publication     string
+	console         consoleFlags
 }
 
 func (a *app) relayCommand() *cobra.Command {
@@ -149,6 +150,7 @@ serves:
 	fl.BoolVar(&f.partitioned, "partitioned", false, "with --cleanup-interval: the table is partitioned by day (migrate --partitioned)")
 	fl.BoolVar(&f.drain, "drain", false, "publish what is due, then exit instead of running until a signal")
 	fl.BoolVar(&f.failFast, "fail-fast", false, "exit at once when the database or the broker does not answer at start, instead of waiting for them")
+	f.console.register(cmd, "console-addr", "", `serve the operations console on this address too ("" none; see 'txoutbox console')`)
 	fl.StringVar(&f.mode, "mode", "table", "table (claim events from the outbox table) or log (PostgreSQL: stream them from a logical replication slot; see 'txoutbox log --help')")
 	fl.StringVar(&f.slot, "slot", logrelay.DefaultSlot, "with --mode log: the replication slot ('txoutbox log create' makes it)")
 	fl.StringVar(&f.publication, "publication", logrelay.DefaultPublication, "with --mode log: the publication the slot is streamed with")
@@ -188,6 +190,8 @@ func checkRelayFlags(f relayFlags) error {
 		return usagef("--archive-to needs --cleanup-interval")
 	case f.mode != "table" && f.mode != "log":
 		return usagef("--mode %q: want table or log", f.mode)
+	case f.console.check("console-addr") != nil:
+		return f.console.check("console-addr")
 	case f.mode == "log" && f.drain:
 		return usagef("--drain has no meaning with --mode log: the stream has no end (drain the retry path with --mode table --drain)")
 	}
@@ -286,6 +290,23 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if sealer != nil {
 		out = sealer.Publisher(pub)
 	}
+	var store core.Store = met.Store(ob)
+	out = met.Publisher(out)
+	tr, stopTracing, err := a.otlpTracing(ctx)
+	if err != nil {
+		return err
+	}
+	if tr != nil {
+		store, out = tr.Store(store), tr.Publisher(out)
+		defer func() {
+			// Flush what the last batches traced, even after a signal.
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := stopTracing(sctx); err != nil {
+				a.log.Warn("txoutbox: flush traces", "error", err)
+			}
+		}()
+	}
 	ropts := core.RelayOptions{
 		BatchSize:       f.batchSize,
 		PollInterval:    f.pollInterval,
@@ -310,7 +331,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		if db.dialect != dialect.Postgres {
 			return usagef("--mode log needs PostgreSQL (logical replication); %s has none", db.dialect.Name())
 		}
-		logRel, err = logrelay.New(met.Store(ob), met.Publisher(out), logrelay.Options{
+		logRel, err = logrelay.New(store, out, logrelay.Options{
 			ConnString: dsn, Relay: ropts,
 			Names: logrelay.Names{Table: a.table, Slot: f.slot, Publication: f.publication},
 		})
@@ -320,7 +341,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		relay, stats, runner = logRel.Table(), logRel, logRel
 		registerLogMetrics(reg, logRel)
 	} else {
-		relay, err = core.NewRelay(met.Store(ob), met.Publisher(out), ropts)
+		relay, err = core.NewRelay(store, out, ropts)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrUsage, err)
 		}
@@ -335,6 +356,13 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}
 
+	if f.console.addr != "" {
+		stopConsole, err := a.serveConsole(ctx, f.console, ob, f.lagThreshold)
+		if err != nil {
+			return err
+		}
+		defer stopConsole()
+	}
 	var bg sync.WaitGroup
 	bgCtx, stopBG := context.WithCancel(ctx)
 	defer func() {

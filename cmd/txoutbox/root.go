@@ -160,6 +160,7 @@ no variable, on purpose: what a command touches is said on its command line.`,
 		a.cleanupCommand(),
 		a.archiveCommand(),
 		a.logCommand(),
+		a.consoleCommand(),
 	)
 	documentEnv(root)
 	return root
