@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -198,7 +199,13 @@ type group struct {
 	Errors []string
 }
 
-func (g group) Key() string { return g.EventType + "\x00" + g.Error }
+// Key identifies the group in the console's links and forms: opaque and
+// safe in HTML and URLs, whatever the type and the error hold.
+func (g group) Key() string { return groupKey(g.EventType, g.Error) }
+
+func groupKey(eventType, normError string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(eventType + "\x00" + normError))
+}
 
 // groups merges the store's dead groups by normalised error.
 func (c *Console) groups(ctx context.Context) ([]group, error) {
@@ -209,7 +216,7 @@ func (c *Console) groups(ctx context.Context) ([]group, error) {
 	byKey := map[string]*group{}
 	var out []*group
 	for _, g := range raw {
-		k := g.EventType + "\x00" + normalizeError(g.LastError)
+		k := groupKey(g.EventType, normalizeError(g.LastError))
 		m := byKey[k]
 		if m == nil {
 			m = &group{EventType: g.EventType, Error: normalizeError(g.LastError), FirstDead: g.FirstDead, LastDead: g.LastDead}

@@ -19,7 +19,7 @@ type DeadGroup struct {
 // DeadGroups returns the query of the dead events grouped by event type
 // and last error, the largest groups first, at most limit groups. It reads
 // the dead rows only (their partial index), whatever the published rows
-// retained. Columns: event_type, last_error ('' for none), count, first and
+// retained. Columns: event_type, last_error (” for none), count, first and
 // last dead_at.
 func (q *Queries) DeadGroups(limit int) (string, []any) {
 	if limit <= 0 {
