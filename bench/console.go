@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -62,7 +63,7 @@ func (b *bench) consoleScenario(ctx context.Context) ([]row, error) {
 	if err := b.db.QueryRowContext(ctx, "SELECT event_id::text, id FROM "+consoleTable+" WHERE id = (SELECT max(id) / 2 FROM "+consoleTable+")").Scan(&someID, &someSeq); err != nil {
 		return nil, err
 	}
-	groupKey := "order.paid\x00payload too large (<n> bytes)"
+	groupKey := base64.RawURLEncoding.EncodeToString([]byte("order.paid\x00payload too large (<n> bytes)")) // the console's group key
 	pages := []struct{ name, path string }{
 		{"overview", "/"},
 		{"dead letters, grouped", "/dead"},

@@ -262,18 +262,15 @@ func (c *Console) deadGroups(w http.ResponseWriter, r *http.Request) {
 	}{gs, total})
 }
 
-// findGroup returns the group of key.
-func (c *Console) findGroup(ctx context.Context, key string) (group, error) {
-	gs, err := c.groups(ctx)
-	if err != nil {
-		return group{}, err
+// findGroup returns the group of key, without its count and dates: the
+// event type and the normalised error the key holds.
+func (c *Console) findGroup(_ context.Context, key string) (group, error) {
+	b, err := base64.RawURLEncoding.DecodeString(key)
+	typ, norm, ok := strings.Cut(string(b), "\x00")
+	if err != nil || !ok || typ == "" {
+		return group{}, fmt.Errorf("%w: dead-letter group %q", errBadInput, key)
 	}
-	for _, g := range gs {
-		if g.Key() == key {
-			return g, nil
-		}
-	}
-	return group{}, fmt.Errorf("%w: no such dead-letter group (retried or purged meanwhile?)", errBadInput)
+	return group{EventType: typ, Error: norm}, nil
 }
 
 // groupSeqs returns the Seqs of the dead events of g, walking the dead
