@@ -59,6 +59,10 @@ var ErrInvalidOptions = errors.New("console: invalid options")
 
 // Options configures a Console. Zero fields take their defaults.
 type Options struct {
+	// Prefix is the path the console is mounted under, without a trailing
+	// slash ("/ops/outbox"), for its links: mount it with
+	// http.StripPrefix(prefix, console). Default "" (the root).
+	Prefix string
 	// Title names the outbox on every page (e.g. "orders (production)").
 	// Default "outbox".
 	Title string
@@ -116,6 +120,10 @@ func New(store Store, opts Options) (*Console, error) {
 	}
 	if opts.Title == "" {
 		opts.Title = "outbox"
+	}
+	opts.Prefix = strings.TrimSuffix(opts.Prefix, "/")
+	if opts.Prefix != "" && !strings.HasPrefix(opts.Prefix, "/") {
+		return nil, fmt.Errorf("%w: Prefix %q must start with /", ErrInvalidOptions, opts.Prefix)
 	}
 	if opts.LagThreshold == 0 {
 		opts.LagThreshold = time.Minute
@@ -215,7 +223,7 @@ func (c *Console) authenticate(next http.Handler) http.Handler {
 					qs := u.Query()
 					qs.Del("token")
 					u.RawQuery = qs.Encode()
-					http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+					http.Redirect(w, r, c.opts.Prefix+u.RequestURI(), http.StatusSeeOther)
 					return
 				}
 			}

@@ -24,15 +24,17 @@ import (
 // page is what every template gets.
 type page struct {
 	Title, Nav string
-	ReadOnly   bool
-	CSRF       string
-	Flash      string
-	Took       time.Duration
-	Data       any
+	// Base is the path the console is mounted under (Options.Prefix).
+	Base     string
+	ReadOnly bool
+	CSRF     string
+	Flash    string
+	Took     time.Duration
+	Data     any
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name, nav string, start time.Time, data any) {
-	p := page{Title: c.opts.Title, Nav: nav, ReadOnly: c.opts.ReadOnly, CSRF: c.csrfToken(c.user(r)),
+	p := page{Title: c.opts.Title, Nav: nav, Base: c.opts.Prefix, ReadOnly: c.opts.ReadOnly, CSRF: c.csrfToken(c.user(r)),
 		Flash: r.URL.Query().Get("flash"), Took: time.Since(start), Data: data}
 	var buf bytes.Buffer
 	if err := c.tmpl.ExecuteTemplate(&buf, name, p); err != nil {
@@ -403,7 +405,7 @@ func (c *Console) deadAction(w http.ResponseWriter, r *http.Request, user string
 	}
 	c.log.Info("txoutbox: console: action", "user", user, "action", act+" dead", "what", what, "events", n)
 	verb := map[string]string{"retry": "re-queued", "purge": "purged"}[act]
-	http.Redirect(w, r, "/dead?flash="+url.QueryEscape(fmt.Sprintf("%s %d events: %s", verb, n, what)), http.StatusSeeOther)
+	http.Redirect(w, r, c.opts.Prefix+"/dead?flash="+url.QueryEscape(fmt.Sprintf("%s %d events: %s", verb, n, what)), http.StatusSeeOther)
 }
 
 type eventsData struct {
@@ -429,7 +431,7 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 			c.fail(w, err)
 			return
 		}
-		http.Redirect(w, r, "/events/"+strconv.FormatInt(ev.Seq, 10), http.StatusSeeOther)
+		http.Redirect(w, r, c.opts.Prefix+"/events/"+strconv.FormatInt(ev.Seq, 10), http.StatusSeeOther)
 		return
 	}
 	f := dialect.EventFilter{EventType: q.Get("type"), AggregateType: q.Get("aggregate_type"),
@@ -569,5 +571,5 @@ func (c *Console) replayAction(w http.ResponseWriter, r *http.Request, user stri
 		return
 	}
 	c.log.Info("txoutbox: console: action", "user", user, "action", "replay", "seq", ev.Seq, "event_id", ev.ID, "events", n)
-	http.Redirect(w, r, path+"?flash="+url.QueryEscape(fmt.Sprintf("replayed %d event: pending again, the relay publishes it once more under its ID", n)), http.StatusSeeOther)
+	http.Redirect(w, r, c.opts.Prefix+path+"?flash="+url.QueryEscape(fmt.Sprintf("replayed %d event: pending again, the relay publishes it once more under its ID", n)), http.StatusSeeOther)
 }
