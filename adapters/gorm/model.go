@@ -27,7 +27,7 @@ import (
 type OutboxEvent struct {
 	// ID is Event.Seq (BIGSERIAL), also a column of the claim, dead-letter
 	// and ordered-mode indexes.
-	ID int64 `gorm:"column:id;type:bigserial;primaryKey;autoIncrement;index:outbox_events_claim,priority:2;index:outbox_events_dead,priority:2;index:outbox_events_ordered_due,where:published_at IS NULL AND dead_at IS NULL;index:outbox_events_ordered_failed,priority:2"`
+	ID int64 `gorm:"column:id;type:bigserial;primaryKey;autoIncrement;index:outbox_events_claim,priority:2;index:outbox_events_dead,priority:2;index:outbox_events_ordered_due,where:published_at IS NULL AND dead_at IS NULL;index:outbox_events_ordered_failed,priority:2;index:outbox_events_dead_seq,where:dead_at IS NOT NULL"`
 	// EventID is Event.ID, a UUID.
 	EventID string `gorm:"column:event_id;type:uuid;not null"`
 	// AggregateType, AggregateID and EventType are the Event's.
