@@ -57,6 +57,9 @@ func TestQuickRun(t *testing.T) {
 		"| l  log-mode drain vs table mode", "| l  log-mode drain vs Watermill", "| l' log-mode drain vs reading the slot alone",
 		"| l  relay writes to the outbox table per event", "| l  log-mode latency p50", "| l  log-mode latency p99",
 		"| l  producer tx/s in log mode (ExecWithEvents) vs without", "| l' producer tx/s in log mode vs table mode", "| l' producer tx/s in log mode with a log relay",
+		"| v  console page: overview", "| v  console page: dead letters, grouped", "| v  console page: one dead-letter group",
+		"| v  console page: events, newest", "| v  console page: events of one type", "| v  console page: events, dead",
+		"| v  console page: event detail", "| v  console page: event by ID", "| v  console page: events of one aggregate",
 		"| m  MariaDB relay drain", "| m' MariaDB producer tx/s with the outbox row (Enqueue", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
 		"| m  MariaDB claim latency p50", "| m  MariaDB claim latency p99",
 	}
