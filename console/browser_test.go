@@ -25,7 +25,10 @@ import (
 	"github.com/txoutbox/txoutbox/console"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/logrelay"
+	"github.com/txoutbox/txoutbox/ordered"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -35,6 +38,7 @@ var quiet = slog.New(slog.DiscardHandler)
 // ones of three types, pending ones, and two groups of dead ones whose
 // errors differ only in an ID.
 type outbox struct {
+	dsn string
 	db  *sql.DB
 	box *sqlxoutbox.Outbox
 }
@@ -46,7 +50,8 @@ const (
 
 func newOutbox(t *testing.T) *outbox {
 	t.Helper()
-	db := testenv.OpenPostgres(t)
+	dsn := testenv.PostgresDSN(t)
+	db := testenv.OpenPostgresDSN(t, dsn)
 	ctx := t.Context()
 	if err := dialect.Migrate(ctx, db, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
 		t.Fatal(err)
@@ -55,7 +60,7 @@ func newOutbox(t *testing.T) *outbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := &outbox{db: db, box: box}
+	o := &outbox{dsn: dsn, db: db, box: box}
 	o.exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, published_at, attempt_count)
 		SELECT gen_random_uuid(), 'order', 'o-' || g, (ARRAY['order.created','order.paid','order.shipped'])[1 + g % 3],
 		       jsonb_build_object('order_id', 'o-' || g, 'total_cents', g * 7), now() - (g || ' seconds')::interval, 1
@@ -429,4 +434,85 @@ func csrfOf(t *testing.T, base string) string {
 	}
 	rest := body[i+len(`name="csrf" value="`):]
 	return rest[:strings.IndexByte(rest, '"')]
+}
+
+// The ordered-mode, inbox and log-mode pages in Chromium, against what the
+// database holds: held aggregates and why, the relays and their leases,
+// the consumers' records and an event looked up across them, the slot.
+func TestConsoleOperatorPages(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t)
+	ctx := t.Context()
+	// The inbox, with two consumers.
+	if err := dialect.Migrate(ctx, o.db, dialect.Postgres, dialect.MigrateOptions{SkipOutbox: true, Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := sqlinbox.New(o.db, sqlinbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.exec(t, `INSERT INTO processed_events (consumer, event_id) VALUES ('billing', 'e-1'), ('billing', 'e-2'), ('billing', 'e-3'), ('shipping', 'e-2')`)
+	// A relay holding every partition.
+	leaser, err := ordered.NewLeaser(o.db, dialect.Postgres, ordered.LeaserOptions{Owner: "relay-a", PartitionCount: 4, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, stopLeaser := context.WithCancel(ctx)
+	defer stopLeaser()
+	go func() { _ = leaser.Run(lctx) }()
+	waitHeld := time.Now().Add(10 * time.Second)
+	for len(leaser.Held()) < 4 && time.Now().Before(waitHeld) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Log mode's slot, which no relay streams.
+	names := logrelay.Names{Slot: "console_" + strings.ToLower(testenv.RandomSuffix()), Publication: "console_test"}
+	if err := logrelay.Setup(ctx, o.dsn, names); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = logrelay.Teardown(context.Background(), o.dsn, names, logrelay.TeardownOptions{Force: true})
+	})
+	c, err := console.New(o.box, console.Options{Logger: quiet, Leases: leaser, Inbox: in,
+		Slot: func(ctx context.Context) (logrelay.SlotStatus, error) { return logrelay.Status(ctx, o.dsn, names) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c)
+	defer srv.Close()
+	b := newBrowser(t)
+
+	b.run(t, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#relays")))
+	if got := text(t, b, "#relays"); got != "1" {
+		t.Errorf("overview: relays alive %q, want 1", got)
+	}
+	b.run(t, chromedp.Navigate(srv.URL+"/ordered"), chromedp.WaitVisible(chromedp.CSS("#held")))
+	held := get(t, b, chromedp.Evaluate[int](`document.querySelectorAll("#held tbody tr").length`))
+	if want := o.count(t, "published_at IS NULL AND attempt_count > 0 AND aggregate_id <> ''"); held != want || want != 17 {
+		t.Errorf("ordered page lists %d held aggregates; the database has %d failed unpublished aggregates (want 17)", held, want)
+	}
+	if got := text(t, b, "#held tbody tr td:nth-child(5)"); !strings.Contains(got, "dead event blocks it") {
+		t.Errorf("why held: %q", got)
+	}
+	if got := text(t, b, "#relays tbody tr"); !strings.Contains(got, "relay-a") || !strings.HasSuffix(got, "4") {
+		t.Errorf("relays: %q, want relay-a holding 4", got)
+	}
+	b.screenshot(t, "ordered")
+
+	b.run(t, chromedp.Navigate(srv.URL+"/inbox?event_id=e-3"), chromedp.WaitVisible(chromedp.CSS("#lookup")))
+	consumers := get(t, b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#consumers tbody tr")].map(r => r.cells[0].innerText + " " + r.cells[1].innerText)`))
+	if strings.Join(consumers, ",") != "billing 3,shipping 1" {
+		t.Errorf("inbox consumers %q, want billing 3 and shipping 1", consumers)
+	}
+	lookup := get(t, b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#lookup tbody tr")].map(r => r.cells[0].innerText + ": " + r.cells[1].innerText)`))
+	if len(lookup) != 2 || !strings.HasPrefix(lookup[0], "billing: 2") || !strings.HasPrefix(lookup[1], "shipping: not processed") {
+		t.Errorf("lookup of e-3: %q", lookup)
+	}
+	b.screenshot(t, "inbox")
+
+	b.run(t, chromedp.Navigate(srv.URL+"/log"), chromedp.WaitVisible(chromedp.CSS("#slot-state")))
+	if got := text(t, b, "#slot-state"); got != "no relay" {
+		t.Errorf("log page: streaming %q, want \"no relay\"", got)
+	}
+	b.screenshot(t, "log-mode")
+	b.noErrors(t)
 }

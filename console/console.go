@@ -36,6 +36,9 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
+	"github.com/txoutbox/txoutbox/logrelay"
+	"github.com/txoutbox/txoutbox/ordered"
 )
 
 // Store is what the console needs of an outbox store. sqlxoutbox.Outbox
@@ -52,6 +55,19 @@ type Store interface {
 	Replay(ctx context.Context, f dialect.ReplayFilter) (int64, error)
 	CountPublishedSince(ctx context.Context, since time.Time) (int64, error)
 	EstimateRows(ctx context.Context) (int64, bool, error)
+	HeldAggregates(ctx context.Context, limit int) ([]dialect.HeldAggregate, error)
+}
+
+// Leases lists ordered mode's partition leases; *ordered.Leaser is one.
+type Leases interface {
+	Leases(ctx context.Context) ([]ordered.Lease, error)
+	PartitionCount() int
+}
+
+// InboxReader reads a consumers' inbox; *sqlinbox.Inbox is one.
+type InboxReader interface {
+	Consumers(ctx context.Context) ([]sqlinbox.ConsumerStats, error)
+	ProcessedBy(ctx context.Context, eventID string) (map[string]time.Time, error)
 }
 
 // ErrInvalidOptions is wrapped by New's refusals of its options.
@@ -79,6 +95,15 @@ type Options struct {
 	// is mounted behind the application's own authentication. Default: the
 	// basic-auth user, "token" with a token, else the remote address.
 	User func(r *http.Request) string
+	// Leases, when set, shows ordered mode's partitions and which relay
+	// holds each, and the relays alive on the overview.
+	Leases Leases
+	// Inbox, when set, adds the inbox page: records per consumer, and an
+	// event looked up across consumers.
+	Inbox InboxReader
+	// Slot, when set, adds log mode's page: the replication slot's state
+	// (logrelay.Status).
+	Slot func(ctx context.Context) (logrelay.SlotStatus, error)
 	// LagThreshold is the oldest pending age above which the overview
 	// shows the outbox as lagging. Default 1m.
 	LagThreshold time.Duration
@@ -155,6 +180,13 @@ func New(store Store, opts Options) (*Console, error) {
 	mux.HandleFunc("POST /dead/action", c.action(c.deadAction))
 	mux.HandleFunc("GET /events", c.events)
 	mux.HandleFunc("GET /events/{seq}", c.event)
+	mux.HandleFunc("GET /ordered", c.orderedPage)
+	if opts.Inbox != nil {
+		mux.HandleFunc("GET /inbox", c.inboxPage)
+	}
+	if opts.Slot != nil {
+		mux.HandleFunc("GET /log", c.logMode)
+	}
 	mux.HandleFunc("POST /events/{seq}/replay", c.action(c.replayAction))
 	// Actions are POSTs from this console's own pages: a cross-site POST
 	// (a link or form on another site, in the user's browser) is refused

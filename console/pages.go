@@ -19,11 +19,15 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
+	"github.com/txoutbox/txoutbox/ordered"
 )
 
 // page is what every template gets.
 type page struct {
 	Title, Nav string
+	// HasInbox and HasLog show the inbox and log mode pages in the menu.
+	HasInbox, HasLog bool
 	// Base is the path the console is mounted under (Options.Prefix).
 	Base     string
 	ReadOnly bool
@@ -34,7 +38,7 @@ type page struct {
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name, nav string, start time.Time, data any) {
-	p := page{Title: c.opts.Title, Nav: nav, Base: c.opts.Prefix, ReadOnly: c.opts.ReadOnly, CSRF: c.csrfToken(c.user(r)),
+	p := page{Title: c.opts.Title, Nav: nav, Base: c.opts.Prefix, HasInbox: c.opts.Inbox != nil, HasLog: c.opts.Slot != nil, ReadOnly: c.opts.ReadOnly, CSRF: c.csrfToken(c.user(r)),
 		Flash: r.URL.Query().Get("flash"), Took: time.Since(start), Data: data}
 	var buf bytes.Buffer
 	if err := c.tmpl.ExecuteTemplate(&buf, name, p); err != nil {
@@ -126,6 +130,9 @@ type overviewData struct {
 	SampleInterval    time.Duration
 	DeadGroups        int
 	PublishedEstimate int64
+	// Relays is the relays holding live partition leases (ordered mode),
+	// -1 when the console was given no Leases.
+	Relays int
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -143,6 +150,15 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	d := overviewData{Stats: s, Rows: rows, RowsEstimated: est, LagThreshold: c.opts.LagThreshold,
 		Lagging: s.Pending > 0 && s.OldestPendingAge > c.opts.LagThreshold, SampleInterval: c.opts.SampleInterval}
 	d.PublishedEstimate = max(rows-s.Pending-s.Dead, 0)
+	d.Relays = -1
+	if c.opts.Leases != nil {
+		ls, err := c.opts.Leases.Leases(r.Context())
+		if err != nil {
+			c.fail(w, err)
+			return
+		}
+		d.Relays = len(liveOwners(ls))
+	}
 	for name, ts := range s.ByType {
 		d.Types = append(d.Types, typeRow{Type: name, Pending: ts.Pending, Dead: ts.Dead, OldestPendingAge: ts.OldestPendingAge})
 	}
@@ -572,4 +588,108 @@ func (c *Console) replayAction(w http.ResponseWriter, r *http.Request, user stri
 	}
 	c.log.Info("txoutbox: console: action", "user", user, "action", "replay", "seq", ev.Seq, "event_id", ev.ID, "events", n)
 	http.Redirect(w, r, c.opts.Prefix+path+"?flash="+url.QueryEscape(fmt.Sprintf("replayed %d event: pending again, the relay publishes it once more under its ID", n)), http.StatusSeeOther)
+}
+
+// liveOwners counts the live leases of each relay.
+func liveOwners(ls []ordered.Lease) map[string]int {
+	owners := map[string]int{}
+	for _, l := range ls {
+		if l.Live && l.Owner != "" {
+			owners[l.Owner]++
+		}
+	}
+	return owners
+}
+
+type relayRow struct {
+	Owner      string
+	Partitions int
+}
+
+type orderedData struct {
+	Held       []dialect.HeldAggregate
+	HasLeases  bool
+	Partitions int
+	Free       int
+	Relays     []relayRow
+	Leases     []ordered.Lease
+}
+
+// ordered shows what ordered mode holds back and why, and, with Leases,
+// which relay holds which partition.
+func (c *Console) orderedPage(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	held, err := c.store.HeldAggregates(r.Context(), 200)
+	if err != nil {
+		c.fail(w, err)
+		return
+	}
+	d := orderedData{Held: held}
+	if c.opts.Leases != nil {
+		ls, err := c.opts.Leases.Leases(r.Context())
+		if err != nil {
+			c.fail(w, err)
+			return
+		}
+		d.HasLeases, d.Partitions, d.Leases = true, c.opts.Leases.PartitionCount(), ls
+		for owner, n := range liveOwners(ls) {
+			d.Relays = append(d.Relays, relayRow{owner, n})
+		}
+		slices.SortFunc(d.Relays, func(a, b relayRow) int { return strings.Compare(a.Owner, b.Owner) })
+		for _, l := range ls {
+			if !l.Live {
+				d.Free++
+			}
+		}
+	}
+	c.render(w, r, "ordered.html", "ordered", start, d)
+}
+
+type inboxData struct {
+	Consumers []sqlinbox.ConsumerStats
+	EventID   string
+	Found     []consumerAt
+	Missing   []string
+}
+
+type consumerAt struct {
+	Consumer string
+	At       time.Time
+}
+
+// inbox shows the inbox's consumers, and where an event was processed.
+func (c *Console) inboxPage(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	cs, err := c.opts.Inbox.Consumers(r.Context())
+	if err != nil {
+		c.fail(w, err)
+		return
+	}
+	d := inboxData{Consumers: cs, EventID: strings.TrimSpace(r.URL.Query().Get("event_id"))}
+	if d.EventID != "" {
+		by, err := c.opts.Inbox.ProcessedBy(r.Context(), d.EventID)
+		if err != nil {
+			c.fail(w, err)
+			return
+		}
+		for _, cst := range cs {
+			if at, ok := by[cst.Consumer]; ok {
+				d.Found = append(d.Found, consumerAt{cst.Consumer, at})
+			} else {
+				d.Missing = append(d.Missing, cst.Consumer)
+			}
+		}
+	}
+	c.render(w, r, "inbox.html", "inbox", start, d)
+}
+
+// logMode shows log mode's replication slot.
+func (c *Console) logMode(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	st, err := c.opts.Slot(r.Context())
+	if err != nil {
+		c.fail(w, err)
+		return
+	}
+	c.render(w, r, "logmode.html", "log", start, st)
 }

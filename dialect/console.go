@@ -133,3 +133,65 @@ func (q *Queries) EstimateRows() (string, []any, bool) {
 func errInvalidState(s string) error {
 	return fmt.Errorf("%w: event state %q (want pending, published or dead)", ErrInvalidFilter, s)
 }
+
+// HeldAggregate is an aggregate whose earliest unpublished event failed:
+// in ordered mode its later events wait behind it.
+type HeldAggregate struct {
+	AggregateID string
+	// Failing counts its unpublished events that failed at least once.
+	Failing int64
+	// FirstSeq is the earliest of them: the one the others wait for.
+	FirstSeq int64
+	// Attempts is the most attempts among them.
+	Attempts int
+	// Dead: one of them is dead-lettered (it blocks the aggregate under
+	// the block policy until re-queued or purged).
+	Dead bool
+	// NextAttempt is the earliest next attempt among those not dead.
+	NextAttempt time.Time
+	// LastError is the last error of the earliest one.
+	LastError string
+}
+
+// HeldAggregates returns the query of the aggregates held back in ordered
+// mode, earliest first, at most limit: those with an unpublished event
+// that failed at least once. It reads ordered mode's index of failed
+// events only. Columns: aggregate_id, count, min id, max attempt_count,
+// dead (0/1), earliest next_attempt_at of the live ones, and the last
+// error of the earliest.
+func (q *Queries) HeldAggregates(limit int) (string, []any) {
+	if limit <= 0 {
+		limit = 200
+	}
+	return q.d.rebind("SELECT h.aggregate_id, h.n, h.first, h.attempts, h.dead, h.next_at, COALESCE(o.last_error, '') FROM (" +
+		"SELECT aggregate_id, COUNT(*) AS n, MIN(id) AS first, MAX(attempt_count) AS attempts," +
+		" MAX(CASE WHEN dead_at IS NOT NULL THEN 1 ELSE 0 END) AS dead," +
+		" MIN(CASE WHEN dead_at IS NULL THEN next_attempt_at END) AS next_at" +
+		" FROM " + q.t + " WHERE published_at IS NULL AND attempt_count > 0 AND aggregate_id <> ''" +
+		" GROUP BY aggregate_id ORDER BY MIN(id) LIMIT ?) h JOIN " + q.t + " o ON o.id = h.first ORDER BY h.first"), []any{limit}
+}
+
+// Consumers returns the query of the inbox's consumers, each once. On
+// PostgreSQL it skips through the primary key (consumer, event_id) rather
+// than reading every record.
+func (q *InboxQueries) Consumers() string {
+	t := q.d.qualified(q.id)
+	if q.d.kind == kindPostgres {
+		return "WITH RECURSIVE c AS (SELECT MIN(consumer) AS consumer FROM " + t +
+			" UNION ALL SELECT (SELECT MIN(consumer) FROM " + t + " WHERE consumer > c.consumer) FROM c WHERE c.consumer IS NOT NULL)" +
+			" SELECT consumer FROM c WHERE consumer IS NOT NULL"
+	}
+	return "SELECT DISTINCT consumer FROM " + t + " ORDER BY consumer"
+}
+
+// ConsumerStats returns the query of how many records a consumer has and
+// when it processed its latest: a range of the primary key.
+func (q *InboxQueries) ConsumerStats(consumer string) (string, []any) {
+	return q.d.rebind("SELECT COUNT(*), MAX(processed_at) FROM " + q.d.qualified(q.id) + " WHERE consumer = ?"), []any{consumer}
+}
+
+// ProcessedAt returns the query of when consumer processed eventID (no row
+// if it did not).
+func (q *InboxQueries) ProcessedAt(consumer, eventID string) (string, []any) {
+	return q.d.rebind("SELECT processed_at FROM " + q.d.qualified(q.id) + " WHERE consumer = ? AND event_id = ?"), []any{consumer, eventID}
+}

@@ -481,3 +481,10 @@ func (o *Outbox) EstimateRows(ctx context.Context) (int64, bool, error) {
 	n, est, err := o.store.EstimateRows(ctx)
 	return n, est, rename(err)
 }
+
+// HeldAggregates returns the aggregates held back in ordered mode, earliest
+// first, at most limit.
+func (o *Outbox) HeldAggregates(ctx context.Context, limit int) ([]dialect.HeldAggregate, error) {
+	hs, err := o.store.HeldAggregates(ctx, limit)
+	return hs, rename(err)
+}

@@ -251,3 +251,33 @@ func (o *Outbox) EstimateRows(ctx context.Context) (n int64, estimate bool, err 
 	}
 	return n, estimate, nil
 }
+
+// HeldAggregate is an aggregate held back in ordered mode; see
+// dialect.HeldAggregate.
+type HeldAggregate = dialect.HeldAggregate
+
+// HeldAggregates returns the aggregates held back in ordered mode (an
+// unpublished event of theirs failed), earliest first, at most limit.
+func (o *Outbox) HeldAggregates(ctx context.Context, limit int) ([]HeldAggregate, error) {
+	query, args := o.q.HeldAggregates(limit)
+	rows, err := o.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: held aggregates: %w", dialect.CheckMigrated(err, o.q.Table()))
+	}
+	defer rows.Close()
+	var out []HeldAggregate
+	for rows.Next() {
+		var h HeldAggregate
+		var dead int
+		var next dialect.Time
+		if err := rows.Scan(&h.AggregateID, &h.Failing, &h.FirstSeq, &h.Attempts, &dead, &next, &h.LastError); err != nil {
+			return nil, fmt.Errorf("sqlxoutbox: held aggregates: %w", err)
+		}
+		h.Dead, h.NextAttempt = dead == 1, next.Time
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqlxoutbox: held aggregates: %w", err)
+	}
+	return out, nil
+}

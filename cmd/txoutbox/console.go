@@ -13,6 +13,10 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/console"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
+	"github.com/txoutbox/txoutbox/logrelay"
+	"github.com/txoutbox/txoutbox/ordered"
 )
 
 // consoleFlags are the flags of the console, in `txoutbox console` and in
@@ -20,6 +24,7 @@ import (
 type consoleFlags struct {
 	addr, token, basicAuth, title string
 	readOnly                      bool
+	inboxTable, slot              string
 }
 
 func (f *consoleFlags) register(cmd *cobra.Command, addrFlag, addrDefault, addrHelp string) {
@@ -29,6 +34,8 @@ func (f *consoleFlags) register(cmd *cobra.Command, addrFlag, addrDefault, addrH
 	fl.StringVar(&f.basicAuth, "console-basic-auth", "", "require HTTP basic auth, user:password; needed to listen beyond loopback")
 	fl.BoolVar(&f.readOnly, "console-read-only", false, "show, but offer and accept no action")
 	fl.StringVar(&f.title, "console-title", "", "name of the outbox on every page (default: the table)")
+	fl.StringVar(&f.inboxTable, "console-inbox-table", dialect.DefaultInboxTable, "the consumers' inbox table the console's inbox page reads, when it exists in this database")
+	fl.StringVar(&f.slot, "console-slot", logrelay.DefaultSlot, "log mode's slot the console's log page reads, when the table is in log mode")
 }
 
 // isLoopback reports whether addr (host:port) listens on loopback only.
@@ -55,14 +62,60 @@ func (f consoleFlags) check(addrFlag string) error {
 	return nil
 }
 
+// consoleExtras gives the console the pages this database has the tables
+// for: ordered mode's leases, the inbox, log mode's slot.
+func (a *app) consoleExtras(ctx context.Context, f consoleFlags, db *database, ob *sqlxoutbox.Outbox, opts *console.Options) error {
+	exists := func(table string) bool {
+		id, err := dialect.ValidateIdentifier(table)
+		if err != nil {
+			return false
+		}
+		_, err = db.db.ExecContext(ctx, "SELECT 1 FROM "+db.dialect.Quote(id)+" WHERE 1 = 0")
+		return err == nil
+	}
+	if db.dialect != dialect.SQLite && exists(dialect.DefaultLeaseTable) {
+		l, err := ordered.NewLeaser(db.db, db.dialect, ordered.LeaserOptions{Table: a.table, Logger: a.log})
+		if err != nil {
+			return err
+		}
+		opts.Leases = l
+	}
+	if f.inboxTable != "" && exists(f.inboxTable) {
+		in, err := sqlinbox.New(db.db, sqlinbox.Options{Dialect: db.dialect, Table: f.inboxTable})
+		if err != nil {
+			return err
+		}
+		opts.Inbox = in
+	}
+	if db.dialect == dialect.Postgres {
+		var on bool
+		if err := db.db.QueryRowContext(ctx, ob.Queries().LogMode()).Scan(&on); err != nil {
+			return fmt.Errorf("console: %w", err)
+		}
+		if on {
+			dsn, err := a.requireDSN()
+			if err != nil {
+				return err
+			}
+			names := logrelay.Names{Table: a.table, Slot: f.slot}
+			opts.Slot = func(ctx context.Context) (logrelay.SlotStatus, error) { return logrelay.Status(ctx, dsn, names) }
+		}
+	}
+	return nil
+}
+
 // serveConsole serves the console of ob on f.addr until ctx ends.
-func (a *app) serveConsole(ctx context.Context, f consoleFlags, ob *sqlxoutbox.Outbox, lagThreshold time.Duration) (func(), error) {
+func (a *app) serveConsole(ctx context.Context, f consoleFlags, db *database, ob *sqlxoutbox.Outbox, lagThreshold time.Duration) (func(), error) {
 	title := f.title
 	if title == "" {
 		title = a.table
 	}
-	c, err := console.New(ob, console.Options{Title: title, ReadOnly: f.readOnly, Token: f.token, BasicAuth: f.basicAuth,
-		LagThreshold: lagThreshold, Logger: a.log})
+	opts := console.Options{Title: title, ReadOnly: f.readOnly, Token: f.token, BasicAuth: f.basicAuth,
+		LagThreshold: lagThreshold, Logger: a.log}
+	if err := a.consoleExtras(ctx, f, db, ob, &opts); err != nil {
+		return nil, err
+	}
+	c, err := console.New(ob, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +180,7 @@ the relay.`,
 				return err
 			}
 			defer db.Close()
-			stop, err := a.serveConsole(cmd.Context(), f, ob, lagThreshold)
+			stop, err := a.serveConsole(cmd.Context(), f, db, ob, lagThreshold)
 			if err != nil {
 				return err
 			}

@@ -357,7 +357,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	}
 
 	if f.console.addr != "" {
-		stopConsole, err := a.serveConsole(ctx, f.console, ob, f.lagThreshold)
+		stopConsole, err := a.serveConsole(ctx, f.console, db, ob, f.lagThreshold)
 		if err != nil {
 			return err
 		}
