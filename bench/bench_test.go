@@ -60,6 +60,7 @@ func TestQuickRun(t *testing.T) {
 		"| v  console page: overview", "| v  console page: dead letters, grouped", "| v  console page: one dead-letter group",
 		"| v  console page: events, newest", "| v  console page: events of one type", "| v  console page: events, dead",
 		"| v  console page: event detail", "| v  console page: event by ID", "| v  console page: events of one aggregate",
+		"| v  console page: ordered mode's held aggregates",
 		"| m  MariaDB relay drain", "| m' MariaDB producer tx/s with the outbox row (Enqueue", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
 		"| m  MariaDB claim latency p50", "| m  MariaDB claim latency p99",
 	}

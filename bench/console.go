@@ -74,6 +74,7 @@ func (b *bench) consoleScenario(ctx context.Context) ([]row, error) {
 		{"event detail", fmt.Sprintf("/events/%d", someSeq)},
 		{"event by ID (no index on event_id)", "/events?id=" + someID},
 		{"events of one aggregate (no index on aggregate_id)", "/events?aggregate_id=o-4242"},
+		{"ordered mode's held aggregates", "/ordered"},
 	}
 	rows := make([]row, 0, len(pages))
 	size := fmt.Sprintf("%s published, %s dead", count(b.c.Retained), count(dead))
