@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/human"
 )
 
 // sparkline draws ys as an SVG polyline with its latest value and peak, on
@@ -77,18 +78,7 @@ var funcs = template.FuncMap{
 		}
 		return s[:n] + "…"
 	},
-	"rate": func(f float64) string { return fmt.Sprintf("%.1f/s", f) },
-	"bytes": func(n int64) string {
-		const unit = 1024
-		if n < unit {
-			return fmt.Sprintf("%d B", n)
-		}
-		div, exp := int64(unit), 0
-		for m := n / unit; m >= unit; m /= unit {
-			div *= unit
-			exp++
-		}
-		return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-	},
+	"rate":    func(f float64) string { return fmt.Sprintf("%.1f/s", f) },
+	"bytes":   human.Bytes,
 	"isState": func(ev core.Event, s string) bool { return state(ev) == s },
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/human"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
 
@@ -183,12 +184,12 @@ trigger still sends events to it.`,
 				}
 				safe := "unlimited"
 				if st.SafeWALBytes >= 0 {
-					safe = bytesHuman(st.SafeWALBytes)
+					safe = human.Bytes(st.SafeWALBytes)
 				}
 				fmt.Fprintf(tw, "slot\t%s\t(exists: %t, trigger installed: %t)\n", st.Slot, st.Exists, st.TriggerInstalled)
 				fmt.Fprintf(tw, "streaming\t%t\t%s\n", st.Active, map[bool]string{true: fmt.Sprintf("(server pid %d)", st.ActivePID), false: ""}[st.Active])
-				fmt.Fprintf(tw, "retained WAL\t%s\t(safe before invalidation: %s)\n", bytesHuman(st.RetainedBytes), safe)
-				fmt.Fprintf(tw, "unconfirmed WAL\t%s\t\n", bytesHuman(st.UnconfirmedBytes))
+				fmt.Fprintf(tw, "retained WAL\t%s\t(safe before invalidation: %s)\n", human.Bytes(st.RetainedBytes), safe)
+				fmt.Fprintf(tw, "unconfirmed WAL\t%s\t\n", human.Bytes(st.UnconfirmedBytes))
 				fmt.Fprintf(tw, "confirmed lag\t%s\t\n", lag)
 				fmt.Fprintf(tw, "wal status\t%s\t\n", orDefault(st.WALStatus, "-"))
 				fmt.Fprintf(tw, "retry path\t%d pending\t(oldest %s)\n", s.Pending, age(s.Pending, s.OldestPendingAge))
@@ -246,18 +247,4 @@ it anyway, losing the events in it.`,
 	cmd.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the relays to confirm what the slot holds")
 	cmd.Flags().BoolVar(&force, "force", false, "drop the slot even if it holds unconfirmed events (they are lost)")
 	return cmd
-}
-
-// bytesHuman formats a byte count for people.
-func bytesHuman(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -14,6 +14,7 @@ import (
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/human"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
 
@@ -190,7 +191,7 @@ func writeStatsTable(w io.Writer, s core.Stats, lm *logStatsJSON) error {
 		}
 		_, err := fmt.Fprintf(w, "\nlog mode: the table holds the failed events; the others are pending in slot %s until confirmed:\n"+
 			"  exists %t, streaming %t, unconfirmed WAL %s, retained WAL %s, confirmed lag %s, invalidated %t ('txoutbox log status')\n",
-			lm.Slot, lm.Exists, lm.Streaming, bytesHuman(lm.UnconfirmedWALBytes), bytesHuman(lm.RetainedWALBytes), lag, lm.Invalidated)
+			lm.Slot, lm.Exists, lm.Streaming, human.Bytes(lm.UnconfirmedWALBytes), human.Bytes(lm.RetainedWALBytes), lag, lm.Invalidated)
 		return err
 	}
 	return nil
