@@ -45,7 +45,7 @@ import (
 // (and so the GORM store) and pgxoutbox.Outbox implement it.
 type Store interface {
 	Stats(ctx context.Context) (core.Stats, error)
-	DeadGroups(ctx context.Context, limit int) ([]dialect.DeadGroup, error)
+	DeadGroups(ctx context.Context, window, limit int) ([]dialect.DeadGroup, error)
 	ListDead(ctx context.Context, f dialect.DeadFilter, p dialect.Page) ([]core.Event, error)
 	RetryDead(ctx context.Context, f dialect.DeadFilter) (int64, error)
 	PurgeDead(ctx context.Context, f dialect.DeadFilter) (int64, error)

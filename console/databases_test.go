@@ -150,6 +150,22 @@ func pagesOn(t *testing.T, db *sql.DB, d dialect.Dialect) {
 		t.Errorf("inbox lookup: want billing and shipping\n%s", body)
 	}
 
+	// A window bounds the grouping to the latest dead letters.
+	gs, err := box.DeadGroups(ctx, 4, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var windowed int64
+	for _, g := range gs {
+		windowed += g.Count
+	}
+	if windowed != 4 {
+		t.Errorf("DeadGroups with a window of 4 counted %d dead letters", windowed)
+	}
+	if held, err := box.HeldAggregates(ctx, 200); err != nil || len(held) != 6 || !held[0].Dead {
+		t.Errorf("HeldAggregates: %d aggregates (want the 6 dead order.paid ones), %v", len(held), err)
+	}
+
 	// Retry the group through the console's form, confirmed.
 	csrf := body[strings.Index(body, `name="csrf" value="`)+len(`name="csrf" value="`):]
 	csrf = csrf[:strings.IndexByte(csrf, '"')]

@@ -16,17 +16,25 @@ type DeadGroup struct {
 	FirstDead, LastDead time.Time
 }
 
-// DeadGroups returns the query of the dead events grouped by event type
-// and last error, the largest groups first, at most limit groups. It reads
-// the dead rows only (their partial index), whatever the published rows
-// retained. Columns: event_type, last_error (” for none), count, first and
-// last dead_at.
-func (q *Queries) DeadGroups(limit int) (string, []any) {
+// DeadGroups returns the query of the latest window dead events (by
+// dead_at; 0: all of them) grouped by event type and last error, the
+// largest groups first, at most limit groups. It reads the dead rows only,
+// newest first through their index, so a window bounds its cost however
+// many dead letters there are. Columns: event_type, last_error (” for
+// none), count, first and last dead_at.
+func (q *Queries) DeadGroups(window, limit int) (string, []any) {
 	if limit <= 0 {
 		limit = 500
 	}
-	return q.d.rebind("SELECT event_type, COALESCE(last_error, ''), COUNT(*), MIN(dead_at), MAX(dead_at) FROM " + q.t +
-		" WHERE dead_at IS NOT NULL GROUP BY event_type, COALESCE(last_error, '') ORDER BY COUNT(*) DESC, event_type LIMIT ?"), []any{limit}
+	from := q.t + " WHERE dead_at IS NOT NULL"
+	args := []any{}
+	if window > 0 {
+		from = "(SELECT event_type, last_error, dead_at FROM " + q.t + " WHERE dead_at IS NOT NULL ORDER BY dead_at DESC LIMIT ?) d"
+		args = append(args, window)
+	}
+	args = append(args, limit)
+	return q.d.rebind("SELECT event_type, COALESCE(last_error, ''), COUNT(*), MIN(dead_at), MAX(dead_at) FROM " + from +
+		" GROUP BY event_type, COALESCE(last_error, '') ORDER BY COUNT(*) DESC, event_type LIMIT ?"), args
 }
 
 // Event states an EventFilter selects.
@@ -154,11 +162,12 @@ type HeldAggregate struct {
 }
 
 // HeldAggregates returns the query of the aggregates held back in ordered
-// mode, earliest first, at most limit: those with an unpublished event
-// that failed at least once. It reads ordered mode's index of failed
-// events only. Columns: aggregate_id, count, min id, max attempt_count,
-// dead (0/1), earliest next_attempt_at of the live ones, and the last
-// error of the earliest.
+// mode (an unpublished event of theirs failed at least once), in aggregate
+// ID order, at most limit. It reads ordered mode's index of failed events
+// in its own order, at most 50 events an aggregate on average, so its cost
+// does not grow with the failed events. Columns: aggregate_id, count (of
+// those read), min id, max attempt_count, dead (0/1), earliest
+// next_attempt_at of the live ones, and the last error of the earliest.
 func (q *Queries) HeldAggregates(limit int) (string, []any) {
 	if limit <= 0 {
 		limit = 200
@@ -167,8 +176,9 @@ func (q *Queries) HeldAggregates(limit int) (string, []any) {
 		"SELECT aggregate_id, COUNT(*) AS n, MIN(id) AS first, MAX(attempt_count) AS attempts," +
 		" MAX(CASE WHEN dead_at IS NOT NULL THEN 1 ELSE 0 END) AS dead," +
 		" MIN(CASE WHEN dead_at IS NULL THEN next_attempt_at END) AS next_at" +
-		" FROM " + q.t + " WHERE published_at IS NULL AND attempt_count > 0 AND aggregate_id <> ''" +
-		" GROUP BY aggregate_id ORDER BY MIN(id) LIMIT ?) h JOIN " + q.t + " o ON o.id = h.first ORDER BY h.first"), []any{limit}
+		" FROM (SELECT aggregate_id, id, attempt_count, dead_at, next_attempt_at FROM " + q.t +
+		" WHERE published_at IS NULL AND attempt_count > 0 AND aggregate_id <> '' ORDER BY aggregate_id, id LIMIT ?) f" +
+		" GROUP BY aggregate_id ORDER BY aggregate_id LIMIT ?) h JOIN " + q.t + " o ON o.id = h.first ORDER BY h.aggregate_id"), []any{limit * 50, limit}
 }
 
 // Consumers returns the query of the inbox's consumers, each once. On

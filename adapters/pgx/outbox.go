@@ -455,10 +455,11 @@ func (r *renamed) Error() string {
 
 func (r *renamed) Unwrap() error { return r.err }
 
-// DeadGroups returns the dead events grouped by event type and last error,
-// the largest groups first, at most limit groups (default 500).
-func (o *Outbox) DeadGroups(ctx context.Context, limit int) ([]DeadGroup, error) {
-	gs, err := o.store.DeadGroups(ctx, limit)
+// DeadGroups returns the latest window dead events (0: all) grouped by
+// event type and last error, the largest groups first, at most limit
+// groups (default 500).
+func (o *Outbox) DeadGroups(ctx context.Context, window, limit int) ([]DeadGroup, error) {
+	gs, err := o.store.DeadGroups(ctx, window, limit)
 	return gs, rename(err)
 }
 
@@ -482,8 +483,8 @@ func (o *Outbox) EstimateRows(ctx context.Context) (int64, bool, error) {
 	return n, est, rename(err)
 }
 
-// HeldAggregates returns the aggregates held back in ordered mode, earliest
-// first, at most limit.
+// HeldAggregates returns the aggregates held back in ordered mode, in
+// aggregate ID order, at most limit.
 func (o *Outbox) HeldAggregates(ctx context.Context, limit int) ([]dialect.HeldAggregate, error) {
 	hs, err := o.store.HeldAggregates(ctx, limit)
 	return hs, rename(err)

@@ -186,11 +186,11 @@ func (o *Outbox) PendingTx(ctx context.Context, tx Tx, eventType string) ([]core
 	return evs, nil
 }
 
-// DeadGroups returns the dead events grouped by event type and last error,
-// the largest groups first, at most limit groups (default 500): what the
-// console shows an operator.
-func (o *Outbox) DeadGroups(ctx context.Context, limit int) ([]DeadGroup, error) {
-	query, args := o.q.DeadGroups(limit)
+// DeadGroups returns the latest window dead events (0: all) grouped by
+// event type and last error, the largest groups first, at most limit
+// groups (default 500): what the console shows an operator.
+func (o *Outbox) DeadGroups(ctx context.Context, window, limit int) ([]DeadGroup, error) {
+	query, args := o.q.DeadGroups(window, limit)
 	rows, err := o.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("sqlxoutbox: group dead events: %w", dialect.CheckMigrated(err, o.q.Table()))
@@ -257,7 +257,8 @@ func (o *Outbox) EstimateRows(ctx context.Context) (n int64, estimate bool, err 
 type HeldAggregate = dialect.HeldAggregate
 
 // HeldAggregates returns the aggregates held back in ordered mode (an
-// unpublished event of theirs failed), earliest first, at most limit.
+// unpublished event of theirs failed), in aggregate ID order, at most
+// limit.
 func (o *Outbox) HeldAggregates(ctx context.Context, limit int) ([]HeldAggregate, error) {
 	query, args := o.q.HeldAggregates(limit)
 	rows, err := o.db.QueryContext(ctx, query, args...)
