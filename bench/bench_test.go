@@ -61,6 +61,7 @@ func TestQuickRun(t *testing.T) {
 		"| v  console page: events, newest", "| v  console page: events of one type", "| v  console page: events, dead",
 		"| v  console page: event detail", "| v  console page: event by ID", "| v  console page: events of one aggregate",
 		"| v  console page: ordered mode's held aggregates",
+		"| v  console page: event by ID, with the lookup indexes", "| v  console page: events of one aggregate, with the lookup indexes",
 		"| m  MariaDB relay drain", "| m' MariaDB producer tx/s with the outbox row (Enqueue", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
 		"| m  MariaDB claim latency p50", "| m  MariaDB claim latency p99",
 	}

@@ -12,6 +12,7 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/console"
+	"github.com/txoutbox/txoutbox/dialect"
 )
 
 const consoleTable = "console_events"
@@ -76,9 +77,24 @@ func (b *bench) consoleScenario(ctx context.Context) ([]row, error) {
 		{"events of one aggregate (no index on aggregate_id)", "/events?aggregate_id=o-4242"},
 		{"ordered mode's held aggregates", "/ordered"},
 	}
-	rows := make([]row, 0, len(pages))
+	rows := make([]row, 0, len(pages)+2)
 	size := fmt.Sprintf("%s published, %s dead", count(b.c.Retained), count(dead))
+	// The two lookups again with the opt-in lookup indexes
+	// (txoutbox migrate --lookup-indexes).
+	pages = append(pages, struct{ name, path string }{"lookup-indexes", ""},
+		struct{ name, path string }{"event by ID, with the lookup indexes", "/events?id=" + someID},
+		struct{ name, path string }{"events of one aggregate, with the lookup indexes", "/events?aggregate_id=o-4242"})
 	for _, p := range pages {
+		if p.name == "lookup-indexes" {
+			if err := dialect.Migrate(ctx, b.db, dialect.Postgres, dialect.MigrateOptions{Table: consoleTable, SkipInbox: true,
+				LookupIndexes: true, Logger: b.quiet}); err != nil {
+				return nil, err
+			}
+			if _, err := b.db.ExecContext(ctx, "ANALYZE "+consoleTable); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		var ds []time.Duration
 		for range 5 {
 			req := httptest.NewRequestWithContext(ctx, http.MethodGet, p.path, nil)

@@ -49,7 +49,8 @@ func TestConsoleOnEveryDatabase(t *testing.T) {
 
 func pagesOn(t *testing.T, db *sql.DB, d dialect.Dialect) {
 	ctx := t.Context()
-	if err := dialect.Migrate(ctx, db, d, dialect.MigrateOptions{Logger: quiet}); err != nil {
+	// With the opt-in lookup indexes, which every database must take.
+	if err := dialect.Migrate(ctx, db, d, dialect.MigrateOptions{LookupIndexes: true, Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
 	box, err := sqlxoutbox.New(sqlx.NewDb(db, map[dialect.Dialect]string{dialect.Postgres: "pgx", dialect.MySQL: "mysql", dialect.SQLite: "sqlite"}[d]),

@@ -27,6 +27,9 @@ var migrationFiles embed.FS
 const (
 	ComponentOutbox = "outbox"
 	ComponentInbox  = "inbox"
+	// ComponentLookup is the opt-in indexes for looking events up by ID
+	// and by aggregate (MigrateOptions.LookupIndexes).
+	ComponentLookup = "lookup"
 )
 
 // pgMigrateLockKey is the pg_advisory_xact_lock key that serializes Migrate
@@ -50,6 +53,12 @@ type MigrateOptions struct {
 	// it; an outbox relayed only unordered may skip it to spare producers
 	// one index entry per event.
 	SkipOrdered bool
+	// LookupIndexes adds indexes on event_id and (aggregate_id, id)
+	// (ComponentLookup), for operators who look events up by ID or list an
+	// aggregate's events often, as the console's events page does. Every
+	// producer's insert then writes two more index entries, so they are
+	// off by default.
+	LookupIndexes bool
 	// MigrationsTable records applied versions. Default
 	// DefaultMigrationsTable.
 	MigrationsTable string
@@ -102,6 +111,11 @@ func Migrations(d Dialect, opts MigrateOptions) ([]Migration, error) {
 		}
 		if !opts.SkipOrdered {
 			if err := add(ComponentOrdered, opts.Table, DefaultTable); err != nil {
+				return nil, err
+			}
+		}
+		if opts.LookupIndexes {
+			if err := add(ComponentLookup, opts.Table, DefaultTable); err != nil {
 				return nil, err
 			}
 		}

@@ -68,15 +68,17 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 		q.claim = "SELECT " + q.cols + " FROM " + q.t + " WHERE " + due +
 			" ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
 		q.buildClaimMarked(due)
-		q.stats = "SELECT event_type," +
-			" count(*) FILTER (WHERE dead_at IS NULL)," +
-			" count(*) FILTER (WHERE dead_at IS NOT NULL)," +
-			" min(created_at) FILTER (WHERE dead_at IS NULL)," +
-			" CAST(EXTRACT(EPOCH FROM " + now + " - min(created_at) FILTER (WHERE dead_at IS NULL)) AS double precision)" +
-			// Spelled as the two partial indexes' predicates (pending, dead),
-			// so that the planner reads them instead of the whole table:
-			// 8 ms instead of 90 ms with a million published rows kept.
-			" FROM " + q.t + " WHERE (published_at IS NULL AND dead_at IS NULL) OR dead_at IS NOT NULL GROUP BY event_type"
+		// Two aggregates, each through its own partial index (the pending
+		// rows' and the dead rows' by type, an index-only scan): one
+		// query with an OR of both predicates made the planner read the
+		// whole table once the dead rows were a few percent of it (550 ms
+		// instead of 15 ms with 5M published and 100k dead rows kept).
+		q.stats = "SELECT event_type, CAST(SUM(p) AS bigint), CAST(SUM(d) AS bigint), MIN(oldest)," +
+			" CAST(EXTRACT(EPOCH FROM " + now + " - MIN(oldest)) AS double precision) FROM (" +
+			"SELECT event_type, COUNT(*) AS p, 0 AS d, MIN(created_at) AS oldest FROM " + q.t +
+			" WHERE published_at IS NULL AND dead_at IS NULL GROUP BY event_type" +
+			" UNION ALL SELECT event_type, 0, COUNT(*), NULL FROM " + q.t + " WHERE dead_at IS NOT NULL GROUP BY event_type" +
+			") s GROUP BY event_type"
 		q.get = "SELECT " + q.cols + " FROM " + q.t + " WHERE event_id = CAST(? AS uuid) ORDER BY id LIMIT 1"
 	case kindSQLite:
 		// The lease is the claim: one short write, no transaction held

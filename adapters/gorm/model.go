@@ -33,7 +33,7 @@ type OutboxEvent struct {
 	// AggregateType, AggregateID and EventType are the Event's.
 	AggregateType string `gorm:"column:aggregate_type;type:text;not null;default:''"`
 	AggregateID   string `gorm:"column:aggregate_id;type:text;not null;default:'';index:outbox_events_ordered_failed,priority:1,where:published_at IS NULL AND attempt_count > 0"`
-	EventType     string `gorm:"column:event_type;type:text;not null"`
+	EventType     string `gorm:"column:event_type;type:text;not null;index:outbox_events_dead_type,where:dead_at IS NOT NULL"`
 	// Payload is the event body (JSONB).
 	Payload json.RawMessage `gorm:"column:payload;type:jsonb;not null"`
 	// Headers is the event's headers as a JSON object (JSONB).

@@ -19,6 +19,7 @@ func (a *app) migrateCommand() *cobra.Command {
 		ahead                                    int
 		mode                                     string
 		logN                                     logNames
+		lookupIndexes                            bool
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate",
@@ -68,7 +69,7 @@ every insert into the outbox table to the write-ahead log. See 'txoutbox log
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts := dialect.MigrateOptions{
 				Table: a.table, InboxTable: inboxTable, MigrationsTable: migrationsTable,
-				SkipInbox: skipInbox, SkipOutbox: skipOutbox, SkipOrdered: skipOrdered, Logger: a.log,
+				SkipInbox: skipInbox, SkipOutbox: skipOutbox, SkipOrdered: skipOrdered, LookupIndexes: lookupIndexes, Logger: a.log,
 			}
 			if orderedFlag && skipOrdered {
 				return usagef("--ordered and --skip-ordered contradict each other (ordered mode's schema is part of the default migrations)")
@@ -156,6 +157,7 @@ every insert into the outbox table to the write-ahead log. See 'txoutbox log
 	_ = f.MarkDeprecated("ordered", "ordered mode's schema is now part of the default migrations; drop the flag")
 	f.BoolVar(&partitioned, "partitioned", false, "PostgreSQL: partition the outbox table by day (retention drops partitions)")
 	f.IntVar(&ahead, "partitions-ahead", dialect.DefaultPartitionsAhead, "with --partitioned: daily partitions kept created ahead, today included")
+	f.BoolVar(&lookupIndexes, "lookup-indexes", false, "also index event_id and (aggregate_id, id), for looking events up by ID or aggregate (the console); producers pay two more index entries per event")
 	f.StringVar(&mode, "mode", "table", "table, or log: also set up log mode (PostgreSQL; see 'txoutbox log --help')")
 	logN.register(cmd)
 	f.StringVar(&dialectName, "dialect", "", "with --print: postgres, mysql or sqlite (default: from --dsn, else postgres)")
