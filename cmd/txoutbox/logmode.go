@@ -101,20 +101,16 @@ func logModeError(err error) error {
 	return err
 }
 
+// logStatusJSON is log status --format json: the slot as stats shows it,
+// and what only log status shows.
 type logStatusJSON struct {
-	Slot                  string   `json:"slot"`
-	Exists                bool     `json:"exists"`
-	Streaming             bool     `json:"streaming"`
-	ActivePID             int      `json:"active_pid,omitempty"`
-	RetainedWALBytes      int64    `json:"retained_wal_bytes"`
-	UnconfirmedWALBytes   int64    `json:"unconfirmed_wal_bytes"`
-	ConfirmedLagSeconds   *float64 `json:"confirmed_lag_seconds"`
-	WALStatus             string   `json:"wal_status"`
-	Invalidated           bool     `json:"invalidated"`
-	SafeWALBytes          int64    `json:"safe_wal_bytes"`
-	TriggerInstalled      bool     `json:"trigger_installed"`
-	PendingInTable        int64    `json:"pending_in_table"`
-	OldestPendingAgeInTbl float64  `json:"oldest_pending_age_seconds_in_table"`
+	logStatsJSON
+	ActivePID             int     `json:"active_pid,omitempty"`
+	WALStatus             string  `json:"wal_status"`
+	SafeWALBytes          int64   `json:"safe_wal_bytes"`
+	TriggerInstalled      bool    `json:"trigger_installed"`
+	PendingInTable        int64   `json:"pending_in_table"`
+	OldestPendingAgeInTbl float64 `json:"oldest_pending_age_seconds_in_table"`
 }
 
 func (a *app) logStatusCommand() *cobra.Command {
@@ -161,14 +157,9 @@ trigger still sends events to it.`,
 				return fmt.Errorf("read stats: %w", err)
 			}
 			out := logStatusJSON{
-				Slot: st.Slot, Exists: st.Exists, Streaming: st.Active, ActivePID: st.ActivePID,
-				RetainedWALBytes: st.RetainedBytes, UnconfirmedWALBytes: st.UnconfirmedBytes,
-				WALStatus: st.WALStatus, Invalidated: st.Invalidated, SafeWALBytes: st.SafeWALBytes,
+				logStatsJSON: slotJSON(st), ActivePID: st.ActivePID,
+				WALStatus: st.WALStatus, SafeWALBytes: st.SafeWALBytes,
 				TriggerInstalled: st.TriggerInstalled, PendingInTable: s.Pending, OldestPendingAgeInTbl: s.OldestPendingAge.Seconds(),
-			}
-			if st.ConfirmedAge >= 0 && st.Exists {
-				v := st.ConfirmedAge.Seconds()
-				out.ConfirmedLagSeconds = &v
 			}
 			if format == "json" {
 				enc := json.NewEncoder(a.stdout)

@@ -142,13 +142,20 @@ func (a *app) logModeStats(ctx context.Context, db *database, ob *sqlxoutbox.Out
 	if err != nil {
 		return nil, logModeError(err)
 	}
-	out := &logStatsJSON{Slot: st.Slot, Exists: st.Exists, Streaming: st.Active, UnconfirmedWALBytes: st.UnconfirmedBytes,
+	out := slotJSON(st)
+	return &out, nil
+}
+
+// slotJSON is the slot's state as stats and log status print it: the
+// confirmed lag is null when no relay streams.
+func slotJSON(st logrelay.SlotStatus) logStatsJSON {
+	out := logStatsJSON{Slot: st.Slot, Exists: st.Exists, Streaming: st.Active, UnconfirmedWALBytes: st.UnconfirmedBytes,
 		RetainedWALBytes: st.RetainedBytes, Invalidated: st.Invalidated}
 	if st.Exists && st.ConfirmedAge >= 0 {
 		v := st.ConfirmedAge.Seconds()
 		out.ConfirmedLagSeconds = &v
 	}
-	return out, nil
+	return out
 }
 
 func writeStatsJSON(w io.Writer, s core.Stats, lm *logStatsJSON) error {
