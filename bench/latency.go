@@ -130,7 +130,9 @@ func (b *bench) latencyRun(ctx context.Context, mode string) (latencies, error) 
 	}
 	goRun(relay.Run)
 
-	ids, committed, commitTook, start, err := b.paced(ctx, producer)
+	ids, committed, commitTook, start, err := b.paced(ctx, func(ctx context.Context, i int) (string, time.Time, error) {
+		return b.produceOne(ctx, producer, i)
+	})
 	if err != nil {
 		return latencies{}, err
 	}
@@ -199,11 +201,11 @@ func (p *publishTimes) wait(n int, d time.Duration) error {
 	}
 }
 
-// paced has Producers connections commit LatencyFor × LatencyRate events
-// into box at LatencyRate, one per transaction, and returns each one's ID,
-// the time just before its COMMIT, how long the COMMIT took, and when the
-// pace started.
-func (b *bench) paced(ctx context.Context, box *sqlxoutbox.Outbox) (ids []string, committed []time.Time, commitTook []time.Duration, start time.Time, err error) {
+// paced has Producers connections run LatencyFor × LatencyRate
+// transactions at LatencyRate, the i-th with tx(ctx, i), which returns an
+// ID and the time just before its COMMIT was sent; paced returns those,
+// how long each COMMIT took, and when the pace started.
+func (b *bench) paced(ctx context.Context, tx func(ctx context.Context, i int) (string, time.Time, error)) (ids []string, committed []time.Time, commitTook []time.Duration, start time.Time, err error) {
 	total := int(b.c.LatencyFor.Seconds() * float64(b.c.LatencyRate))
 	committed = make([]time.Time, total)
 	commitTook = make([]time.Duration, total)
@@ -214,7 +216,7 @@ func (b *bench) paced(ctx context.Context, box *sqlxoutbox.Outbox) (ids []string
 	for range b.c.Producers {
 		wg.Go(func() {
 			for i := range jobs {
-				id, t0, err := b.produceOne(ctx, box, i)
+				id, t0, err := tx(ctx, i)
 				if err != nil {
 					errs <- err
 					return
@@ -267,35 +269,21 @@ func (b *bench) latencyFloor(ctx context.Context) (latencies, error) {
 			mu.Unlock()
 		}
 	}()
-	committed := make([]time.Time, total)
-	jobs := make(chan int, total)
-	errs := make(chan error, b.c.Producers)
-	var wg sync.WaitGroup
-	for range b.c.Producers {
-		wg.Go(func() {
-			for i := range jobs {
-				tx, err := b.db.BeginTx(ctx, nil)
-				if err == nil {
-					_, err = tx.ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, fmt.Sprint(i))
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				committed[i] = time.Now()
-				if err := tx.Commit(); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	b.pace(jobs, total)
-	wg.Wait()
-	select {
-	case err := <-errs:
+	ids, committed, _, _, err := b.paced(ctx, func(ctx context.Context, i int) (string, time.Time, error) {
+		id := fmt.Sprint(i)
+		tx, err := b.db.BeginTx(ctx, nil)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if _, err := tx.ExecContext(ctx, "SELECT pg_notify($1, $2)", channel, id); err != nil {
+			_ = tx.Rollback()
+			return "", time.Time{}, err
+		}
+		t0 := time.Now()
+		return id, t0, tx.Commit()
+	})
+	if err != nil {
 		return latencies{}, err
-	default:
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -311,7 +299,7 @@ func (b *bench) latencyFloor(ctx context.Context) (latencies, error) {
 	<-listenDone
 	var lat []time.Duration
 	for i := total / 20; i < total; i++ {
-		if at, ok := received[fmt.Sprint(i)]; ok {
+		if at, ok := received[ids[i]]; ok {
 			lat = append(lat, max(at.Sub(committed[i]), 0))
 		}
 	}

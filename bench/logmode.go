@@ -327,7 +327,9 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 		}
 		caughtUp = r.Streaming() && st.UnconfirmedBytes < 64<<10
 	}
-	ids, committed, _, _, err := b.paced(ctx, box)
+	ids, committed, _, _, err := b.paced(ctx, func(ctx context.Context, i int) (string, time.Time, error) {
+		return b.produceOne(ctx, box, i)
+	})
 	if err != nil {
 		return latencies{}, err
 	}
