@@ -48,6 +48,10 @@ type FaultOptions struct {
 	// if the store has them once the fault is over (a commit whose answer
 	// was lost), and as never written otherwise.
 	ProducersMayFail bool
+	// EventTypeSuffix ends the events' type, for brokers that read
+	// something from it: ".fifo" makes an SNS publisher's created topics
+	// FIFO topics. Default none.
+	EventTypeSuffix string
 	// StartRelay, if set, starts the relay instead of RunFault (a relay
 	// process, for faults that kill it); it must relay the store's events
 	// to the broker in Ordering's mode until the test ends.
@@ -108,7 +112,7 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 		opts.After = time.Second
 	}
 	f, b, in := newStore(t), newBroker(t), newInbox(t)
-	et := uniqueType("fault")
+	et := uniqueType("fault") + opts.EventTypeSuffix
 	consumer := "suite-fault-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 
 	var (

@@ -7,6 +7,7 @@ import (
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/sqstest"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -19,24 +20,24 @@ type fixtureKind struct {
 
 func newFixture(k fixtureKind) outboxtest.NewBrokerFunc {
 	return func(t *testing.T) *outboxtest.BrokerFixture {
-		g := newGoaws(t)
+		g := sqstest.New(t)
 		topic := func(eventType string) string {
 			if k.fifo {
 				return snsbroker.TopicName(eventType) + ".fifo"
 			}
 			return snsbroker.TopicName(eventType)
 		}
-		client := g.sns
+		client := g.SNS
 		opts := snsbroker.Options{CreateTopics: true, MaxBatchSize: 1, Logger: quiet, Topic: func(ev *core.Event) string { return topic(ev.EventType) }}
 		if k.batch {
-			client = newSNSClient(t, newFront(t, g.endpoint).URL())
+			client = newSNSClient(t, newFront(t, g.Endpoint).URL())
 			opts.MaxBatchSize = 0 // default: 10
 		}
 		pub, err := snsbroker.NewPublisher(client, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sub := &Subscriber{t: t, g: g, raw: k.raw}
+		sub := &sqstest.Subscriber{T: t, G: g, Raw: k.raw}
 		t.Cleanup(func() { sub.Close() })
 		return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub, Topic: topic, Poison: tooLarge}
 	}

@@ -5,6 +5,7 @@ import (
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/sqstest"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -22,13 +23,13 @@ func newStore(t *testing.T) *outboxtest.StoreFixture {
 // newOutageBroker publishes with PublishBatch through front, which can cut
 // every connection (the endpoint is down) and take them again.
 func newOutageBroker(t *testing.T) *outboxtest.BrokerFixture {
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	pub, err := snsbroker.NewPublisher(newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub := &Subscriber{t: t, g: g, raw: true}
+	sub := &sqstest.Subscriber{T: t, G: g, Raw: true}
 	t.Cleanup(func() { sub.Close() })
 	return &outboxtest.BrokerFixture{
 		Publisher: pub, Subscriber: sub, Topic: snsbroker.TopicName,

@@ -25,28 +25,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
+	"github.com/txoutbox/txoutbox/internal/sqstest"
 )
 
-// newSNSClient is an SNS client on endpoint through the standard
-// configuration, with fixed credentials (neither goaws nor front checks
-// signatures) and no SDK retries, so that every failure reaches the
-// publisher.
+// newSNSClient is an SNS client on endpoint with no SDK retries, so that
+// every failure reaches the publisher.
 func newSNSClient(t *testing.T, endpoint string) *sns.Client {
-	t.Helper()
-	c, err := snsbroker.NewClient(t.Context(), snsbroker.ClientOptions{
-		Region:      "us-east-1",
-		Endpoint:    endpoint,
-		Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sns.New(c.Options(), func(o *sns.Options) { o.Retryer = retry.AddWithMaxAttempts(retry.NewStandard(), 1) })
+	return sqstest.NewSNSClient(t, endpoint)
 }
 
 // sentEntry is one message front received, by Publish or PublishBatch.

@@ -18,6 +18,7 @@ import (
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/sqstest"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
@@ -36,7 +37,7 @@ func events(t *testing.T, eventType string, n, aggs int) []core.Event {
 	return evs
 }
 
-func byEventID(ds []delivered) map[string]int {
+func byEventID(ds []sqstest.Delivered) map[string]int {
 	m := map[string]int{}
 	for _, d := range ds {
 		m[d.Headers[core.HeaderEventID]]++
@@ -77,11 +78,11 @@ func TestAttributesOnTheWire(t *testing.T) {
 	for _, raw := range []bool{true, false} {
 		t.Run(fmt.Sprintf("raw=%t", raw), func(t *testing.T) {
 			t.Parallel()
-			g := newGoaws(t)
+			g := sqstest.New(t)
 			ctx := ctxTimeout(t)
 			topic := "attrs-" + testenv.RandomSuffix()
-			topicARN, queueURL := g.subscribeQueue(t, ctx, topic, raw)
-			pub := newPublisher(t, g.sns, snsbroker.Options{TopicARNs: map[string]string{topic: topicARN}, MaxBatchSize: 1,
+			topicARN, queueURL := g.SubscribeQueue(t, ctx, topic, raw)
+			pub := newPublisher(t, g.SNS, snsbroker.Options{TopicARNs: map[string]string{topic: topicARN}, MaxBatchSize: 1,
 				Topic: func(*core.Event) string { return topic }})
 
 			evs := events(t, "order.created", 3, 3)
@@ -100,7 +101,7 @@ func TestAttributesOnTheWire(t *testing.T) {
 			if err := pub.Publish(ctx, evs); err != nil {
 				t.Fatalf("Publish: %v", err)
 			}
-			got := g.drain(t, ctx, queueURL, raw, topicARN, len(evs), 300*time.Millisecond)
+			got := g.Drain(t, ctx, queueURL, raw, topicARN, len(evs), 300*time.Millisecond)
 			if len(got) != len(evs) {
 				t.Fatalf("got %d messages, want %d", len(got), len(evs))
 			}
@@ -159,11 +160,11 @@ func TestAttributesOnTheWire(t *testing.T) {
 // failed ones again (as the relay does) delivers them.
 func TestBatchPartialFailure(t *testing.T) {
 	t.Parallel()
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	ctx := ctxTimeout(t)
 	topic := "partial-" + testenv.RandomSuffix()
-	topicARN, queueURL := g.subscribeQueue(t, ctx, topic, true)
+	topicARN, queueURL := g.SubscribeQueue(t, ctx, topic, true)
 	pub := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Topic: func(*core.Event) string { return topic }})
 
 	evs := events(t, "order.created", 25, 5)
@@ -198,7 +199,7 @@ func TestBatchPartialFailure(t *testing.T) {
 	if n := f.Calls("Publish"); n != 0 {
 		t.Errorf("%d Publish calls, want none: the batch must go through PublishBatch", n)
 	}
-	got := byEventID(g.drain(t, ctx, queueURL, true, topicARN, 22, 300*time.Millisecond))
+	got := byEventID(g.Drain(t, ctx, queueURL, true, topicARN, 22, 300*time.Millisecond))
 	for _, ev := range evs {
 		if want := map[bool]int{true: 0, false: 1}[fail[ev.ID]]; got[ev.ID] != want {
 			t.Errorf("event %s delivered %d times, want %d", ev.ID, got[ev.ID], want)
@@ -216,7 +217,7 @@ func TestBatchPartialFailure(t *testing.T) {
 	if err := pub.Publish(ctx, retry); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	got = byEventID(g.drain(t, ctx, queueURL, true, topicARN, len(retry), 300*time.Millisecond))
+	got = byEventID(g.Drain(t, ctx, queueURL, true, topicARN, len(retry), 300*time.Millisecond))
 	for _, ev := range retry {
 		if got[ev.ID] != 1 {
 			t.Errorf("retried event %s delivered %d times, want 1", ev.ID, got[ev.ID])
@@ -231,8 +232,8 @@ func TestBatchPartialFailure(t *testing.T) {
 // failed is not reported as published.
 func TestBatchUnconfirmed(t *testing.T) {
 	t.Parallel()
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	ctx := ctxTimeout(t)
 	pub := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true,
 		Topic: func(*core.Event) string { return "unconfirmed-" + testenv.RandomSuffix()[:4] }})
@@ -252,11 +253,11 @@ func TestBatchUnconfirmed(t *testing.T) {
 // events only; the other calls of the batch still go out.
 func TestBatchCallFailure(t *testing.T) {
 	t.Parallel()
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	ctx := ctxTimeout(t)
 	topic := "callfail-" + testenv.RandomSuffix()
-	topicARN, queueURL := g.subscribeQueue(t, ctx, topic, true)
+	topicARN, queueURL := g.SubscribeQueue(t, ctx, topic, true)
 	pub := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Topic: func(*core.Event) string { return topic }})
 	evs := events(t, "order.created", 25, 5)
 	f.set(func(f *front) {
@@ -270,7 +271,7 @@ func TestBatchCallFailure(t *testing.T) {
 			t.Errorf("event %d: error %v", i, errs[i])
 		}
 	}
-	got := byEventID(g.drain(t, ctx, queueURL, true, topicARN, 15, 300*time.Millisecond))
+	got := byEventID(g.Drain(t, ctx, queueURL, true, topicARN, 15, 300*time.Millisecond))
 	if len(got) != 15 || got[evs[10].ID] != 0 || got[evs[9].ID] != 1 || got[evs[20].ID] != 1 {
 		t.Errorf("delivered %v, want the 15 events outside the failed call", got)
 	}
@@ -281,11 +282,11 @@ func TestBatchCallFailure(t *testing.T) {
 // later events are held back, other groups go on.
 func TestFIFO(t *testing.T) {
 	t.Parallel()
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	ctx := ctxTimeout(t)
 	topic := "fifo-" + testenv.RandomSuffix() + ".fifo"
-	topicARN, queueURL := g.subscribeQueue(t, ctx, topic, true)
+	topicARN, queueURL := g.SubscribeQueue(t, ctx, topic, true)
 	client := newSNSClient(t, f.URL())
 	pub := newPublisher(t, client, snsbroker.Options{CreateTopics: true, Topic: func(*core.Event) string { return topic }})
 	evs := events(t, "order.created", 24, 3) // agg-0, agg-1, agg-2, agg-0, ...
@@ -339,7 +340,7 @@ func TestFIFO(t *testing.T) {
 			want++
 		}
 	}
-	got := g.drain(t, ctx, queueURL, true, topicARN, want, 300*time.Millisecond)
+	got := g.Drain(t, ctx, queueURL, true, topicARN, want, 300*time.Millisecond)
 	if len(got) != want {
 		t.Errorf("%d messages arrived, want %d", len(got), want)
 	}
@@ -359,18 +360,18 @@ func TestFIFO(t *testing.T) {
 			t.Errorf("Publish %d: group %q dedup %q, want %q %q", i, s.GroupID, s.DedupID, evs[i].AggregateID, evs[i].ID)
 		}
 	}
-	g.drain(t, ctx, queueURL, true, topicARN, 2, 0)
+	g.Drain(t, ctx, queueURL, true, topicARN, 2, 0)
 }
 
 // TestSizeLimits: an event over 256 KiB fails alone without being sent, and
 // PublishBatch calls stay under 256 KiB in total.
 func TestSizeLimits(t *testing.T) {
 	t.Parallel()
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	ctx := ctxTimeout(t)
 	topic := "size-" + testenv.RandomSuffix()
-	topicARN, queueURL := g.subscribeQueue(t, ctx, topic, true)
+	topicARN, queueURL := g.SubscribeQueue(t, ctx, topic, true)
 	pub := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Topic: func(*core.Event) string { return topic }})
 	evs := events(t, "order.created", 6, 6)
 	big := func(n int) json.RawMessage { return json.RawMessage(`"` + strings.Repeat("x", n) + `"`) }
@@ -391,7 +392,7 @@ func TestSizeLimits(t *testing.T) {
 	if !slices.Equal(sizes, []int{2, 2, 1}) {
 		t.Errorf("PublishBatch sizes %v, want [2 2 1] (100 KiB events, 256 KiB per call)", sizes)
 	}
-	got := g.drain(t, ctx, queueURL, true, topicARN, 5, 300*time.Millisecond)
+	got := g.Drain(t, ctx, queueURL, true, topicARN, 5, 300*time.Millisecond)
 	if len(got) != 5 {
 		t.Errorf("%d messages arrived, want 5", len(got))
 	}
@@ -401,15 +402,15 @@ func TestSizeLimits(t *testing.T) {
 // CreateTopics with its cache, and the error when nothing resolves.
 func TestTopicResolution(t *testing.T) {
 	t.Parallel()
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	ctx := ctxTimeout(t)
 	client := newSNSClient(t, f.URL())
 	suffix := testenv.RandomSuffix()
-	mapped, mappedQ := g.subscribeQueue(t, ctx, "mapped-"+suffix, true)
-	prefixed, prefixedQ := g.subscribeQueue(t, ctx, "prefixed-"+suffix, true)
-	direct, directQ := g.subscribeQueue(t, ctx, "direct-"+suffix, true)
-	created, createdQ := g.subscribeQueue(t, ctx, "order_created_"+suffix, true)
+	mapped, mappedQ := g.SubscribeQueue(t, ctx, "mapped-"+suffix, true)
+	prefixed, prefixedQ := g.SubscribeQueue(t, ctx, "prefixed-"+suffix, true)
+	direct, directQ := g.SubscribeQueue(t, ctx, "direct-"+suffix, true)
+	created, createdQ := g.SubscribeQueue(t, ctx, "order_created_"+suffix, true)
 	createTopicsBefore := f.Calls("CreateTopic")
 
 	pub := newPublisher(t, client, snsbroker.Options{
@@ -430,7 +431,7 @@ func TestTopicResolution(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, q := range []struct{ arn, url string }{{mapped, mappedQ}, {direct, directQ}, {prefixed, prefixedQ}} {
-		got := g.drain(t, ctx, q.url, true, q.arn, 1, 200*time.Millisecond)
+		got := g.Drain(t, ctx, q.url, true, q.arn, 1, 200*time.Millisecond)
 		if len(got) != 1 || got[0].Headers[core.HeaderEventID] != evs[i].ID {
 			t.Errorf("topic %s: got %v, want event %d", q.arn, got, i)
 		}
@@ -449,7 +450,7 @@ func TestTopicResolution(t *testing.T) {
 	if n := f.Calls("CreateTopic") - createTopicsBefore; n != 1 {
 		t.Errorf("%d CreateTopic calls for one topic, want 1", n)
 	}
-	if got := g.drain(t, ctx, createdQ, true, created, 6, 200*time.Millisecond); len(got) != 6 {
+	if got := g.Drain(t, ctx, createdQ, true, created, 6, 200*time.Millisecond); len(got) != 6 {
 		t.Errorf("%d messages on %s, want 6", len(got), created)
 	}
 
@@ -470,11 +471,11 @@ func TestTopicResolution(t *testing.T) {
 // metadata and payload arrive, through PublishBatch.
 func TestMessagePublisher(t *testing.T) {
 	t.Parallel()
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	ctx := ctxTimeout(t)
 	topic := "watermill-" + testenv.RandomSuffix()
-	topicARN, queueURL := g.subscribeQueue(t, ctx, topic, false)
+	topicARN, queueURL := g.SubscribeQueue(t, ctx, topic, false)
 	p := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true})
 	var mp message.Publisher = p.MessagePublisher()
 	var msgs []*message.Message
@@ -490,7 +491,7 @@ func TestMessagePublisher(t *testing.T) {
 	if n := f.Calls("PublishBatch"); n != 2 {
 		t.Errorf("%d PublishBatch calls for 12 messages, want 2", n)
 	}
-	got := g.drain(t, ctx, queueURL, false, topicARN, len(msgs), 300*time.Millisecond)
+	got := g.Drain(t, ctx, queueURL, false, topicARN, len(msgs), 300*time.Millisecond)
 	want := map[string]string{}
 	for _, m := range msgs {
 		want[m.UUID] = string(m.Payload)
@@ -522,8 +523,8 @@ func TestMessagePublisher(t *testing.T) {
 // event reports the context's error.
 func TestCancelledContext(t *testing.T) {
 	t.Parallel()
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	pub := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{TopicARNPrefix: "arn:aws:sns:us-east-1:100010001000:"})
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -565,15 +566,15 @@ func TestConcurrency(t *testing.T) {
 	for _, fifo := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fifo=%t", fifo), func(t *testing.T) {
 			t.Parallel()
-			g := newGoaws(t)
-			f := newFront(t, g.endpoint)
+			g := sqstest.New(t)
+			f := newFront(t, g.Endpoint)
 			f.set(func(f *front) { f.delay = 200 * time.Millisecond })
 			ctx := ctxTimeout(t)
 			topic := "conc-" + testenv.RandomSuffix()
 			if fifo {
 				topic += ".fifo"
 			}
-			topicARN, queueURL := g.subscribeQueue(t, ctx, topic, true)
+			topicARN, queueURL := g.SubscribeQueue(t, ctx, topic, true)
 			pub := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Concurrency: 4,
 				Topic: func(*core.Event) string { return topic }})
 			evs := events(t, "order.created", 60, 4) // six calls
@@ -584,7 +585,7 @@ func TestConcurrency(t *testing.T) {
 			if fifo && n != 1 || !fifo && (n < 2 || n > 4) {
 				t.Errorf("%d PublishBatch calls in flight at most; want 1 on a FIFO topic, 2 to 4 (Concurrency) otherwise", n)
 			}
-			got := byEventID(g.drain(t, ctx, queueURL, true, topicARN, len(evs), 300*time.Millisecond))
+			got := byEventID(g.Drain(t, ctx, queueURL, true, topicARN, len(evs), 300*time.Millisecond))
 			for _, ev := range evs {
 				if got[ev.ID] != 1 {
 					t.Errorf("event %s delivered %d times", ev.ID, got[ev.ID])
@@ -599,11 +600,11 @@ func TestConcurrency(t *testing.T) {
 // earlier ones, and not other groups.
 func TestFIFOHoldsBehindBadEvent(t *testing.T) {
 	t.Parallel()
-	g := newGoaws(t)
-	f := newFront(t, g.endpoint)
+	g := sqstest.New(t)
+	f := newFront(t, g.Endpoint)
 	ctx := ctxTimeout(t)
 	topic := "fifobad-" + testenv.RandomSuffix() + ".fifo"
-	topicARN, queueURL := g.subscribeQueue(t, ctx, topic, true)
+	topicARN, queueURL := g.SubscribeQueue(t, ctx, topic, true)
 	pub := newPublisher(t, newSNSClient(t, f.URL()), snsbroker.Options{CreateTopics: true, Topic: func(*core.Event) string { return topic }})
 	evs := events(t, "order.created", 6, 2) // agg-0, agg-1, agg-0, ...
 	evs[2].Payload = json.RawMessage(`"` + strings.Repeat("x", snsbroker.MaxMessageBytes) + `"`)
@@ -613,7 +614,7 @@ func TestFIFOHoldsBehindBadEvent(t *testing.T) {
 			t.Errorf("event %d (%s): %v, want %v", i, evs[i].AggregateID, errs[i], want)
 		}
 	}
-	if got := g.drain(t, ctx, queueURL, true, topicARN, 4, 300*time.Millisecond); len(got) != 4 {
+	if got := g.Drain(t, ctx, queueURL, true, topicARN, 4, 300*time.Millisecond); len(got) != 4 {
 		t.Errorf("%d messages arrived, want 4", len(got))
 	}
 }

@@ -25,9 +25,11 @@ import (
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/sqstest"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -60,6 +62,8 @@ type cell struct {
 	backend backend
 	// slot is log mode's replication slot (backendLog).
 	slot string
+	// env is added to the relay process's environment.
+	env []string
 }
 
 // backend is where a cell's outbox is and how the relay reads it.
@@ -178,6 +182,36 @@ func (c *cell) rabbitMQ(t *testing.T) *outboxtest.BrokerFixture {
 	}
 	t.Cleanup(func() { sub.Close() })
 	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub}
+}
+
+// sns publishes to the goaws emulator through c.broker, one Publish per
+// event (goaws has no PublishBatch), creating the topics; in ordered mode
+// every topic is a FIFO topic (fifo_only=true, event types ending in
+// ".fifo"). The consumer reads the SQS queues directly.
+func (c *cell) sns(t *testing.T) *outboxtest.BrokerFixture {
+	g := sqstest.New(t)
+	u, err := url.Parse(g.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.broker = faultproxy.Start(t, u.Host)
+	endpoint := "http://" + c.broker.Addr()
+	q := url.Values{"region": {"us-east-1"}, "create_topics": {"true"}, "max_batch_size": {"1"}, "endpoint": {endpoint}}
+	if c.ordering == "on" {
+		q.Set("fifo_only", "true")
+	}
+	c.brokerURL = "sns://?" + q.Encode()
+	// goaws checks no signature; the relay process finds these through
+	// the standard AWS chain.
+	c.env = []string{"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"}
+	pub, err := snsbroker.NewPublisher(sqstest.NewSNSClient(t, endpoint), snsbroker.Options{CreateTopics: true, MaxBatchSize: 1,
+		FIFOOnly: c.ordering == "on", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := &sqstest.Subscriber{T: t, G: g, Raw: true}
+	t.Cleanup(func() { sub.Close() })
+	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub, Topic: snsbroker.TopicName}
 }
 
 // kafka runs an in-process Kafka-protocol cluster (kfake) behind c.broker:
@@ -338,7 +372,7 @@ func (c *cell) startRelay(t *testing.T) {
 	if c.backend == backendLog {
 		cmd.Args = append(cmd.Args, "--mode", "log", "--slot", c.slot, "--publication", c.slot)
 	}
-	cmd.Env = append(os.Environ(), "TXOUTBOX_DSN=", "TXOUTBOX_BROKER=")
+	cmd.Env = append(append(os.Environ(), "TXOUTBOX_DSN=", "TXOUTBOX_BROKER="), c.env...)
 	out := &lockedBuffer{}
 	c.relayLog = out
 	cmd.Stdout, cmd.Stderr = out, out
@@ -404,17 +438,22 @@ func TestFaultMatrix(t *testing.T) {
 		name    string
 		new     func(c *cell) outboxtest.NewBrokerFunc
 		backend backend
+		sns     bool
 	}
+	rabbitMQ := func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }
+	kafka := func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }
 	brokers := []broker{
-		{"RabbitMQ", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, backendPostgres},
-		{"Kafka", func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }, backendPostgres},
-		{"RabbitMQ, outbox on MariaDB", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, backendMariaDB},
-		{"RabbitMQ, log mode", func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }, backendLog},
-		{"Kafka, log mode", func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }, backendLog},
+		{name: "RabbitMQ", new: rabbitMQ, backend: backendPostgres},
+		{name: "Kafka", new: kafka, backend: backendPostgres},
+		{name: "SNS", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendPostgres, sns: true},
+		{name: "RabbitMQ, outbox on MariaDB", new: rabbitMQ, backend: backendMariaDB},
+		{name: "Kafka, outbox on MariaDB", new: kafka, backend: backendMariaDB},
+		{name: "RabbitMQ, log mode", new: rabbitMQ, backend: backendLog},
+		{name: "Kafka, log mode", new: kafka, backend: backendLog},
 	}
-	opts := outboxtest.FaultOptions{}
+	base := outboxtest.FaultOptions{}
 	if long {
-		opts.Rate, opts.Before, opts.After = 400, 5*time.Second, 5*time.Second
+		base.Rate, base.Before, base.After = 400, 5*time.Second, 5*time.Second
 	}
 	for _, b := range brokers {
 		t.Run(b.name, func(t *testing.T) {
@@ -430,6 +469,17 @@ func TestFaultMatrix(t *testing.T) {
 						continue
 					}
 					ordered := map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode]
+					opts := base
+					if b.sns {
+						// goaws takes one Publish at a time, slowly.
+						opts.Rate = base.Rate / 2
+						if opts.Rate == 0 {
+							opts.Rate = 50
+						}
+						if mode == core.OrderingOn {
+							opts.EventTypeSuffix = ".fifo"
+						}
+					}
 					t.Run(ordered+"/"+strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
 						runCell(t, b.name, b.new, b.backend, mode, opts, func(c *cell) faultCase { return faults(c)[i] })
 					})

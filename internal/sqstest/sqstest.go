@@ -1,11 +1,13 @@
-package snsbroker_test
-
-// The tests read what SNS delivered from SQS queues. goaws v0.4.5 speaks
-// only the query protocol (it routes on the form field Action), while
-// aws-sdk-go-v2/service/sqs has spoken JSON 1.0 since v1.29 (go.mod holds
-// v1.53.0, shared with the rest of the module, so an older version is not an
-// option). So this file is a small SQS query-protocol client over plain
-// HTTP, and a Watermill message.Subscriber on top of it.
+// Package sqstest reads what SNS delivered from SQS queues of the goaws
+// emulator that make test starts, for the SNS broker's tests and the fault
+// matrix.
+//
+// goaws v0.4.5 speaks only the query protocol (it routes on the form field
+// Action), while aws-sdk-go-v2/service/sqs has spoken JSON 1.0 since v1.29
+// (go.mod holds v1.53.0, shared with the rest of the module, so an older
+// version is not an option). So this package is a small SQS query-protocol
+// client over plain HTTP, and a Watermill message.Subscriber on top of it.
+package sqstest
 
 import (
 	"context"
@@ -23,6 +25,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
@@ -30,27 +34,28 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
-// sqsQuery is an SQS client speaking the query protocol.
-type sqsQuery struct {
-	endpoint string
-	http     *http.Client
+// Client is an SQS client speaking the query protocol.
+type Client struct {
+	Endpoint string       // the emulator's URL
+	HTTP     *http.Client // with a timeout
 }
 
-type sqsMessage struct {
+// Message is one received SQS message.
+type Message struct {
 	MessageID     string
 	ReceiptHandle string
 	Body          string
 	Attributes    map[string]string // message attributes (raw delivery)
 }
 
-func (q *sqsQuery) call(ctx context.Context, form url.Values, out any) error {
+func (q *Client) call(ctx context.Context, form url.Values, out any) error {
 	form.Set("Version", "2012-11-05")
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, q.endpoint, strings.NewReader(form.Encode()))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, q.Endpoint, strings.NewReader(form.Encode()))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := q.http.Do(req)
+	resp, err := q.HTTP.Do(req)
 	if err != nil {
 		return fmt.Errorf("sqs %s: %w", form.Get("Action"), err)
 	}
@@ -71,8 +76,8 @@ func (q *sqsQuery) call(ctx context.Context, form url.Values, out any) error {
 	return nil
 }
 
-// createQueue makes a queue and returns its URL and ARN.
-func (q *sqsQuery) createQueue(ctx context.Context, name string) (queueURL, arn string, err error) {
+// CreateQueue makes a queue and returns its URL and ARN.
+func (q *Client) CreateQueue(ctx context.Context, name string) (queueURL, arn string, err error) {
 	var cr struct {
 		QueueURL string `xml:"CreateQueueResult>QueueUrl"`
 	}
@@ -96,7 +101,8 @@ func (q *sqsQuery) createQueue(ctx context.Context, name string) (queueURL, arn 
 	return "", "", fmt.Errorf("sqs: no QueueArn for %s", name)
 }
 
-func (q *sqsQuery) receive(ctx context.Context, queueURL string, max int) ([]sqsMessage, error) {
+// Receive takes up to max messages of the queue, with their attributes.
+func (q *Client) Receive(ctx context.Context, queueURL string, max int) ([]Message, error) {
 	var rr struct {
 		Messages []struct {
 			MessageID     string `xml:"MessageId"`
@@ -114,49 +120,51 @@ func (q *sqsQuery) receive(ctx context.Context, queueURL string, max int) ([]sqs
 	if err := q.call(ctx, form, &rr); err != nil {
 		return nil, err
 	}
-	out := make([]sqsMessage, len(rr.Messages))
+	out := make([]Message, len(rr.Messages))
 	for i, m := range rr.Messages {
 		attrs := map[string]string{}
 		for _, a := range m.Attrs {
 			attrs[a.Name] = a.StringValue
 		}
-		out[i] = sqsMessage{MessageID: m.MessageID, ReceiptHandle: m.ReceiptHandle, Body: m.Body, Attributes: attrs}
+		out[i] = Message{MessageID: m.MessageID, ReceiptHandle: m.ReceiptHandle, Body: m.Body, Attributes: attrs}
 	}
 	return out, nil
 }
 
-func (q *sqsQuery) delete(ctx context.Context, queueURL, handle string) error {
+// Delete removes a received message from the queue (its ack).
+func (q *Client) Delete(ctx context.Context, queueURL, handle string) error {
 	return q.call(ctx, url.Values{"Action": {"DeleteMessage"}, "QueueUrl": {queueURL}, "ReceiptHandle": {handle}}, nil)
 }
 
-func (q *sqsQuery) release(ctx context.Context, queueURL, handle string) error {
+// Release makes a received message visible again at once (its nack).
+func (q *Client) Release(ctx context.Context, queueURL, handle string) error {
 	return q.call(ctx, url.Values{"Action": {"ChangeMessageVisibility"}, "QueueUrl": {queueURL}, "ReceiptHandle": {handle}, "VisibilityTimeout": {"0"}}, nil)
 }
 
-// receiveMax is how many messages one ReceiveMessage asks for. On a FIFO
+// ReceiveMax is how many messages one ReceiveMessage asks for. On a FIFO
 // queue goaws v0.4.5 hides every message it looks at while the message
 // group is locked, then returns only the first, so the others stay
 // invisible until their visibility timeout: ask for one at a time there.
-func receiveMax(queueURL string) int {
+func ReceiveMax(queueURL string) int {
 	if snsbroker.IsFIFO(queueURL) {
 		return 1
 	}
 	return 10
 }
 
-// delivered is one message as a consumer sees it: payload and restored
+// Delivered is one message as a consumer sees it: payload and restored
 // headers, plus what SQS and SNS said about it.
-type delivered struct {
+type Delivered struct {
 	Payload  string
 	Headers  map[string]string
 	SQSAttrs map[string]string // message attributes on the SQS message itself
 	Envelope *snsbroker.Notification
 }
 
-// decode turns an SQS message from an SNS subscription into a delivered
+// Decode turns an SQS message from an SNS subscription into a delivered
 // message, checking the envelope (raw == false) or its absence.
-func decode(m sqsMessage, raw bool, topicARN string) (delivered, error) {
-	d := delivered{SQSAttrs: m.Attributes}
+func Decode(m Message, raw bool, topicARN string) (Delivered, error) {
+	d := Delivered{SQSAttrs: m.Attributes}
 	attrs := m.Attributes
 	if raw {
 		if _, err := snsbroker.ParseNotification([]byte(m.Body)); err == nil {
@@ -186,28 +194,45 @@ func decode(m sqsMessage, raw bool, topicARN string) (delivered, error) {
 	return d, nil
 }
 
-// goaws is the emulator of make test, with clients for it.
-type goaws struct {
-	endpoint string
-	sns      *sns.Client
-	sqs      *sqsQuery
+// Goaws is the emulator of make test, with clients for it.
+type Goaws struct {
+	Endpoint string
+	SNS      *sns.Client
+	SQS      *Client
 }
 
-func newGoaws(t *testing.T) *goaws {
+// New returns clients for the emulator at TXOUTBOX_SNS_ENDPOINT.
+func New(t testing.TB) *Goaws {
 	t.Helper()
 	endpoint := testenv.SNSEndpoint(t)
-	return &goaws{endpoint: endpoint, sns: newSNSClient(t, endpoint), sqs: &sqsQuery{endpoint: endpoint, http: &http.Client{Timeout: 30 * time.Second}}}
+	return &Goaws{Endpoint: endpoint, SNS: NewSNSClient(t, endpoint), SQS: &Client{Endpoint: endpoint, HTTP: &http.Client{Timeout: 30 * time.Second}}}
 }
 
-// subscribeQueue makes a fresh queue subscribed to the topic (created if
+// NewSNSClient is an SNS client on endpoint through the standard
+// configuration, with fixed credentials (goaws checks no signature) and no
+// SDK retries, so that every failure reaches the publisher.
+func NewSNSClient(t testing.TB, endpoint string) *sns.Client {
+	t.Helper()
+	c, err := snsbroker.NewClient(context.Background(), snsbroker.ClientOptions{
+		Region:      "us-east-1",
+		Endpoint:    endpoint,
+		Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sns.New(c.Options(), func(o *sns.Options) { o.Retryer = retry.AddWithMaxAttempts(retry.NewStandard(), 1) })
+}
+
+// SubscribeQueue makes a fresh queue subscribed to the topic (created if
 // missing) and returns the topic ARN and the queue URL.
-func (g *goaws) subscribeQueue(t *testing.T, ctx context.Context, topic string, raw bool) (topicARN, queueURL string) {
+func (g *Goaws) SubscribeQueue(t *testing.T, ctx context.Context, topic string, raw bool) (topicARN, queueURL string) {
 	t.Helper()
 	in := &sns.CreateTopicInput{Name: aws.String(topic)}
 	if snsbroker.IsFIFO(topic) {
 		in.Attributes = map[string]string{"FifoTopic": "true"}
 	}
-	tout, err := g.sns.CreateTopic(ctx, in)
+	tout, err := g.SNS.CreateTopic(ctx, in)
 	if err != nil {
 		t.Fatalf("CreateTopic %q: %v", topic, err)
 	}
@@ -215,11 +240,11 @@ func (g *goaws) subscribeQueue(t *testing.T, ctx context.Context, topic string, 
 	if snsbroker.IsFIFO(topic) {
 		qname += ".fifo"
 	}
-	queueURL, queueARN, err := g.sqs.createQueue(ctx, qname)
+	queueURL, queueARN, err := g.SQS.CreateQueue(ctx, qname)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = g.sns.Subscribe(ctx, &sns.SubscribeInput{
+	_, err = g.SNS.Subscribe(ctx, &sns.SubscribeInput{
 		TopicArn: tout.TopicArn, Protocol: aws.String("sqs"), Endpoint: aws.String(queueARN),
 		Attributes: map[string]string{"RawMessageDelivery": strconv.FormatBool(raw)},
 	})
@@ -229,11 +254,11 @@ func (g *goaws) subscribeQueue(t *testing.T, ctx context.Context, topic string, 
 	return aws.ToString(tout.TopicArn), queueURL
 }
 
-// drain reads the queue until n messages arrived (deleting them), then
+// Drain reads the queue until n messages arrived (deleting them), then
 // keeps reading for settle to catch extra deliveries.
-func (g *goaws) drain(t *testing.T, ctx context.Context, queueURL string, raw bool, topicARN string, n int, settle time.Duration) []delivered {
+func (g *Goaws) Drain(t *testing.T, ctx context.Context, queueURL string, raw bool, topicARN string, n int, settle time.Duration) []Delivered {
 	t.Helper()
-	var got []delivered
+	var got []Delivered
 	var quietSince time.Time
 	for {
 		if len(got) >= n {
@@ -243,18 +268,18 @@ func (g *goaws) drain(t *testing.T, ctx context.Context, queueURL string, raw bo
 				return got
 			}
 		}
-		msgs, err := g.sqs.receive(ctx, queueURL, receiveMax(queueURL))
+		msgs, err := g.SQS.Receive(ctx, queueURL, ReceiveMax(queueURL))
 		if err != nil {
 			t.Fatalf("receive after %d of %d messages: %v", len(got), n, err)
 		}
 		for _, m := range msgs {
-			d, err := decode(m, raw, topicARN)
+			d, err := Decode(m, raw, topicARN)
 			if err != nil {
 				t.Errorf("message %s: %v", m.MessageID, err)
 			}
 			got = append(got, d)
 			quietSince = time.Time{}
-			if err := g.sqs.delete(ctx, queueURL, m.ReceiptHandle); err != nil {
+			if err := g.SQS.Delete(ctx, queueURL, m.ReceiptHandle); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -271,9 +296,9 @@ func (g *goaws) drain(t *testing.T, ctx context.Context, queueURL string, raw bo
 // Subscriber is a Watermill message.Subscriber reading an SQS queue that it
 // subscribes to the topic: the consumer side of the conformance suite.
 type Subscriber struct {
-	t   *testing.T
-	g   *goaws
-	raw bool
+	T   *testing.T // reports delivery errors
+	G   *Goaws
+	Raw bool // the subscription delivers raw messages (no SNS envelope)
 
 	mu     sync.Mutex
 	cancel []context.CancelFunc
@@ -286,7 +311,7 @@ var _ message.Subscriber = (*Subscriber)(nil)
 // queue's messages one at a time: the next only after Ack (which deletes it)
 // or Nack (which makes it visible again).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	topicARN, queueURL := s.g.subscribeQueue(s.t, ctx, topic, s.raw)
+	topicARN, queueURL := s.G.SubscribeQueue(s.T, ctx, topic, s.Raw)
 	ctx, cancel := context.WithCancel(ctx)
 	s.mu.Lock()
 	s.cancel = append(s.cancel, cancel)
@@ -297,10 +322,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		defer s.wg.Done()
 		defer close(out)
 		for ctx.Err() == nil {
-			msgs, err := s.g.sqs.receive(ctx, queueURL, receiveMax(queueURL))
+			msgs, err := s.G.SQS.Receive(ctx, queueURL, ReceiveMax(queueURL))
 			if err != nil {
 				if ctx.Err() == nil {
-					s.t.Errorf("subscriber %s: %v", topic, err)
+					s.T.Errorf("subscriber %s: %v", topic, err)
 				}
 				return
 			}
@@ -321,11 +346,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return out, nil
 }
 
-func (s *Subscriber) deliver(ctx context.Context, out chan<- *message.Message, m sqsMessage, topicARN, queueURL string) bool {
-	d, err := decode(m, s.raw, topicARN)
+func (s *Subscriber) deliver(ctx context.Context, out chan<- *message.Message, m Message, topicARN, queueURL string) bool {
+	d, err := Decode(m, s.Raw, topicARN)
 	if err != nil {
-		s.t.Errorf("message %s: %v", m.MessageID, err)
-		return s.g.sqs.delete(ctx, queueURL, m.ReceiptHandle) == nil
+		s.T.Errorf("message %s: %v", m.MessageID, err)
+		return s.G.SQS.Delete(ctx, queueURL, m.ReceiptHandle) == nil
 	}
 	msg := message.NewMessage(d.Headers[core.HeaderEventID], message.Payload(d.Payload))
 	for k, v := range d.Headers {
@@ -338,14 +363,14 @@ func (s *Subscriber) deliver(ctx context.Context, out chan<- *message.Message, m
 	}
 	select {
 	case <-msg.Acked():
-		err = s.g.sqs.delete(ctx, queueURL, m.ReceiptHandle)
+		err = s.G.SQS.Delete(ctx, queueURL, m.ReceiptHandle)
 	case <-msg.Nacked():
-		err = s.g.sqs.release(ctx, queueURL, m.ReceiptHandle)
+		err = s.G.SQS.Release(ctx, queueURL, m.ReceiptHandle)
 	case <-ctx.Done():
 		return false
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
-		s.t.Errorf("settle message %s: %v", m.MessageID, err)
+		s.T.Errorf("settle message %s: %v", m.MessageID, err)
 	}
 	return err == nil
 }
