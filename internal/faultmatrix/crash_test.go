@@ -1,8 +1,18 @@
 package faultmatrix_test
 
-import "sync"
+import (
+	"sync"
+	"testing"
+)
 
 // crashMu lets one cell at a time crash its server: the crash cells of
 // the brokers run in parallel, each on a server of its own, but two
 // immediate shutdowns at once on a 2-core machine stretch recovery.
 var crashMu sync.Mutex
+
+// crashable is a server of the cell's own that the crash fault stops
+// without a clean shutdown and starts again.
+type crashable interface {
+	Crash(t testing.TB)
+	Start(t testing.TB)
+}

@@ -56,8 +56,11 @@ type cell struct {
 	httpAddr       string        // its /healthz and /metrics
 	relayDSN       string        // the relay's database, through c.db
 	ordering       string
-	// pg, when set, is the crashable server the outbox lives on.
-	pg *testenv.Cluster
+	// server, when set, is the crashable server the outbox lives on: a
+	// PostgreSQL cluster (c.pg) or a MariaDB server (c.maria).
+	server crashable
+	pg     *testenv.Cluster
+	maria  *testenv.MariaDB
 	// backend is where the outbox is, and how it is relayed.
 	backend backend
 	// slot is log mode's replication slot (backendLog).
@@ -130,7 +133,12 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 // mariaDBStore is store on MariaDB: producers direct, the relay through
 // c.db.
 func (c *cell) mariaDBStore(t *testing.T) *outboxtest.StoreFixture {
-	dsn := testenv.MySQLDSN(t)
+	var dsn string
+	if c.maria != nil {
+		dsn = c.maria.NewDatabase(t)
+	} else {
+		dsn = testenv.MySQLDSN(t)
+	}
 	direct, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -314,9 +322,13 @@ func faults(c *cell) []faultCase {
 	fault := func(name, signals string, inject func(t *testing.T), heal func(t *testing.T)) faultCase {
 		return faultCase{Fault: outboxtest.Fault{Name: name, Duration: d, Inject: inject, Heal: heal}, signals: signals}
 	}
-	crash := fault("PostgreSQL crash (immediate stop, start)", "store",
-		func(t *testing.T) { crashMu.Lock(); c.pg.Crash(t) },
-		func(t *testing.T) { defer crashMu.Unlock(); c.pg.Start(t) })
+	crashName := "PostgreSQL crash (immediate stop, start)"
+	if c.backend == backendMariaDB {
+		crashName = "MariaDB crash (SIGKILL, start)"
+	}
+	crash := fault(crashName, "store",
+		func(t *testing.T) { crashMu.Lock(); c.server.Crash(t) },
+		func(t *testing.T) { defer crashMu.Unlock(); c.server.Start(t) })
 	crash.crash = true
 	return []faultCase{
 		fault("broker latency 200ms", "", func(t *testing.T) { must(t, c.broker.Latency(200*time.Millisecond)) }, heal(broker)),
@@ -459,13 +471,12 @@ func TestFaultMatrix(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			for _, mode := range []core.OrderingMode{core.OrderingOff, core.OrderingOn} {
-				names := faults(&cell{})
+				names := faults(&cell{backend: b.backend})
 				for i := range names {
 					name := names[i].Name
-					if b.backend != backendPostgres && names[i].crash {
-						// The crash cell runs a PostgreSQL cluster of its
-						// own; TestOutageChaosLog (package ordered)
-						// crashes log mode's server.
+					if b.backend == backendLog && names[i].crash {
+						// TestOutageChaosLog (package ordered) crashes
+						// log mode's server.
 						continue
 					}
 					ordered := map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode]
@@ -504,7 +515,13 @@ func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBr
 	o.Ordering = mode
 	o.StartRelay = c.startRelay
 	if fc.crash {
-		c.pg = testenv.StartCluster(t)
+		if be == backendMariaDB {
+			c.maria = testenv.StartMariaDB(t)
+			c.server = c.maria
+		} else {
+			c.pg = testenv.StartCluster(t)
+			c.server = c.pg
+		}
 		o.ProducersMayFail = true
 	}
 	fault := fc.Fault
