@@ -52,6 +52,13 @@ type FaultOptions struct {
 	// something from it: ".fifo" makes an SNS publisher's created topics
 	// FIFO topics. Default none.
 	EventTypeSuffix string
+	// StartConsumer, if set, starts the consumer instead of RunFault (a
+	// consumer process, for faults that kill it). It must return once the
+	// consumer is subscribed to topic, then apply every event it receives
+	// through the InboxFixture's database, as consumer, writing the
+	// fixture's effect in the inbox's transaction, until the test ends;
+	// and call delivered with each message's event ID as it receives it.
+	StartConsumer func(t *testing.T, topic, consumer string, delivered func(eventID string))
 	// StartRelay, if set, starts the relay instead of RunFault (a relay
 	// process, for faults that kill it); it must relay the store's events
 	// to the broker in Ordering's mode until the test ends.
@@ -124,36 +131,42 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 		firstAfter time.Time
 		beforeHeal int // events committed before the fault was healed
 	)
-	count := func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			id := msg.Metadata.Get(core.HeaderEventID)
-			now := time.Now()
-			mu.Lock()
-			deliveries[id]++
-			if _, ok := firstAt[id]; !ok {
-				firstAt[id] = now
-				order = append(order, id)
-			}
-			if !healedAt.IsZero() && firstAfter.IsZero() {
-				firstAfter = now
-			}
-			mu.Unlock()
-			return h(msg)
+	delivered := func(id string) {
+		now := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		deliveries[id]++
+		if _, ok := firstAt[id]; !ok {
+			firstAt[id] = now
+			order = append(order, id)
+		}
+		if !healedAt.IsZero() && firstAfter.IsZero() {
+			firstAfter = now
 		}
 	}
-	mw, err := inbox.NewMiddleware(in.Inbox, inbox.Options{Consumer: consumer, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
+	if opts.StartConsumer != nil {
+		opts.StartConsumer(t, b.topic(et), consumer, delivered)
+	} else {
+		count := func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				delivered(msg.Metadata.Get(core.HeaderEventID))
+				return h(msg)
+			}
+		}
+		mw, err := inbox.NewMiddleware(in.Inbox, inbox.Options{Consumer: consumer, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.AddMiddleware(count, mw)
+		r.AddConsumerHandler("fault", b.topic(et), b.Subscriber, func(msg *message.Message) error {
+			return in.Effect(msg.Context(), msg.Metadata.Get(core.HeaderEventID))
+		})
+		onceRunRouter(t, r)
 	}
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.AddMiddleware(count, mw)
-	r.AddConsumerHandler("fault", b.topic(et), b.Subscriber, func(msg *message.Message) error {
-		return in.Effect(msg.Context(), msg.Metadata.Get(core.HeaderEventID))
-	})
-	onceRunRouter(t, r)
 
 	ro := core.RelayOptions{
 		BatchSize: 25, PollInterval: 50 * time.Millisecond, Concurrency: 2, PublishTimeout: 2 * time.Second,

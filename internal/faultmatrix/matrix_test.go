@@ -1,6 +1,7 @@
 package faultmatrix_test
 
 import (
+	"bufio"
 	"context"
 	"database/sql"
 	"fmt"
@@ -67,6 +68,14 @@ type cell struct {
 	slot string
 	// env is added to the relay process's environment.
 	env []string
+	// The consumer process (consumer SIGKILL): its inbox database, how it
+	// reaches the broker and as which group, what it consumes, and where
+	// it reports deliveries.
+	inboxDSN, consumerBroker, consumerGroup string
+	consumerTopic, consumerName             string
+	delivered                               func(eventID string)
+	consumer                                *exec.Cmd
+	consumerDone                            chan struct{} // its output read to the end
 }
 
 // backend is where a cell's outbox is and how the relay reads it.
@@ -167,8 +176,13 @@ func (c *cell) mariaDBStore(t *testing.T) *outboxtest.StoreFixture {
 	return fx.StoreFixture(ob)
 }
 
+// inbox is the consumer's inbox and effects table on a fresh PostgreSQL
+// database (sqlx), whose DSN a consumer process gets.
 func (c *cell) inbox(t *testing.T) *outboxtest.InboxFixture {
-	f, _, _ := fixtures.InboxBackends[0].NewSQLInbox(t, true) // PostgreSQL, sqlx
+	c.inboxDSN = testenv.PostgresDSN(t)
+	db := testenv.OpenPostgresDSN(t, c.inboxDSN)
+	be := fixtures.InboxBackend{Name: "Postgres", Dialect: "postgres", Open: func(testing.TB) *sql.DB { return db }}
+	f, _, _ := be.NewSQLInbox(t, true)
 	return f
 }
 
@@ -177,6 +191,7 @@ func (c *cell) rabbitMQ(t *testing.T) *outboxtest.BrokerFixture {
 	u, _ := url.Parse(testenv.AMQPURL(t))
 	c.broker = faultproxy.Start(t, u.Host)
 	direct := u.String()
+	c.consumerBroker, c.consumerGroup = direct, "faults-"+testenv.RandomSuffix()
 	u.Host = c.broker.Addr()
 	c.brokerURL = u.String()
 	pub, err := amqpbroker.NewPublisher(amqpbroker.Options{URL: u.String(), Logger: quiet})
@@ -254,6 +269,7 @@ func (c *cell) kafka(t *testing.T) *outboxtest.BrokerFixture {
 	}
 	t.Cleanup(func() { cl.Close(); c.broker.Close() })
 	c.brokerURL = "kafka://" + strings.Join(cl.ListenAddrs(), ",")
+	c.consumerBroker, c.consumerGroup = c.brokerURL, "faults-"+testenv.RandomSuffix()
 	pub, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: cl.ListenAddrs()})
 	if err != nil {
 		t.Fatal(err)
@@ -293,6 +309,8 @@ func (a advertised) Addr() net.Addr {
 type faultCase struct {
 	outboxtest.Fault
 	crash bool // the outbox is on a server of its own, which the fault crashes
+	// consumer: the consumer runs as a process, which the fault kills.
+	consumer bool
 	// signals is what the relay must report while the fault lasts:
 	// "broker" (txoutbox_broker_up 0, one down and one back log line),
 	// "store" (/healthz 503, txoutbox_store_up 0, one down and one back
@@ -330,6 +348,8 @@ func faults(c *cell) []faultCase {
 		func(t *testing.T) { crashMu.Lock(); c.server.Crash(t) },
 		func(t *testing.T) { defer crashMu.Unlock(); c.server.Start(t) })
 	crash.crash = true
+	consumer := fault("consumer SIGKILL (inbox)", "", c.killConsumer, c.restartConsumer)
+	consumer.consumer = true
 	return []faultCase{
 		fault("broker latency 200ms", "", func(t *testing.T) { must(t, c.broker.Latency(200*time.Millisecond)) }, heal(broker)),
 		fault("broker bandwidth 8 KB/s", "", func(t *testing.T) { must(t, c.broker.Bandwidth(8)) }, heal(broker)),
@@ -340,6 +360,7 @@ func faults(c *cell) []faultCase {
 		fault("database connections reset (relay)", "store", func(t *testing.T) { must(t, c.db.Reset()) }, heal(db)),
 		fault("producers' pool exhausted", "", c.exhaustProducers, c.releaseProducers),
 		fault("relay SIGKILL", "", c.killRelay, c.startRelay),
+		consumer,
 		crash,
 	}
 }
@@ -408,6 +429,72 @@ func (c *cell) killRelay(t *testing.T) {
 	_ = c.relay.Wait()
 }
 
+// startConsumer starts the consumer process (faultconsumer) and returns
+// once it is subscribed; the test's end stops it.
+func (c *cell) startConsumer(t *testing.T, topic, consumer string, delivered func(eventID string)) {
+	c.consumerTopic, c.consumerName, c.delivered = topic, consumer, delivered
+	c.restartConsumer(t)
+}
+
+func (c *cell) restartConsumer(t *testing.T) {
+	cmd := exec.Command(consumerBinary(t))
+	cmd.Env = append(os.Environ(), "FC_DSN="+c.inboxDSN, "FC_BROKER="+c.consumerBroker, "FC_GROUP="+c.consumerGroup,
+		"FC_CONSUMER="+c.consumerName, "FC_TOPIC="+c.consumerTopic)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		r := bufio.NewReader(stdout)
+		for {
+			// A killed process may leave half a line: only whole lines
+			// count.
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			line = strings.TrimSuffix(line, "\n")
+			if id, ok := strings.CutPrefix(line, "delivered "); ok {
+				c.delivered(id)
+			} else if line == "ready" {
+				close(ready)
+			}
+		}
+	}()
+	c.consumer, c.consumerDone = cmd, done
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("consumer process output:\n%s", stderr)
+		}
+	})
+	select {
+	case <-ready:
+	case <-done:
+		_ = cmd.Wait()
+		t.Fatalf("the consumer process exited before it subscribed:\n%s", stderr)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the consumer process did not subscribe in 30s:\n%s", stderr)
+	}
+}
+
+func (c *cell) killConsumer(t *testing.T) {
+	if err := c.consumer.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-c.consumerDone
+	_ = c.consumer.Wait()
+}
+
 var (
 	buildOnce sync.Once
 	binary    string
@@ -435,6 +522,32 @@ func cliBinary(t *testing.T) string {
 }
 
 var (
+	consumerOnce     sync.Once
+	consumerBin      string
+	consumerBuildErr error
+)
+
+// consumerBinary builds the consumer process once per test run.
+func consumerBinary(t *testing.T) string {
+	consumerOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "txoutbox-faults")
+		if err != nil {
+			consumerBuildErr = err
+			return
+		}
+		consumerBin = filepath.Join(dir, "faultconsumer")
+		out, err := exec.Command("go", "build", "-o", consumerBin, "github.com/txoutbox/txoutbox/internal/faultmatrix/internal/faultconsumer").CombinedOutput()
+		if err != nil {
+			consumerBuildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if consumerBuildErr != nil {
+		t.Fatal(consumerBuildErr)
+	}
+	return consumerBin
+}
+
+var (
 	reportMu sync.Mutex
 	reports  = map[string][]outboxtest.FaultReport{}
 )
@@ -451,12 +564,14 @@ func TestFaultMatrix(t *testing.T) {
 		new     func(c *cell) outboxtest.NewBrokerFunc
 		backend backend
 		sns     bool
+		// consumerKill: the row runs the consumer SIGKILL cell.
+		consumerKill bool
 	}
 	rabbitMQ := func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }
 	kafka := func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }
 	brokers := []broker{
-		{name: "RabbitMQ", new: rabbitMQ, backend: backendPostgres},
-		{name: "Kafka", new: kafka, backend: backendPostgres},
+		{name: "RabbitMQ", new: rabbitMQ, backend: backendPostgres, consumerKill: true},
+		{name: "Kafka", new: kafka, backend: backendPostgres, consumerKill: true},
 		{name: "SNS", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendPostgres, sns: true},
 		{name: "RabbitMQ, outbox on MariaDB", new: rabbitMQ, backend: backendMariaDB},
 		{name: "Kafka, outbox on MariaDB", new: kafka, backend: backendMariaDB},
@@ -477,6 +592,12 @@ func TestFaultMatrix(t *testing.T) {
 					if b.backend == backendLog && names[i].crash {
 						// TestOutageChaosLog (package ordered) crashes
 						// log mode's server.
+						continue
+					}
+					if names[i].consumer && !b.consumerKill {
+						// The consumer's side does not change with where
+						// the outbox is; SNS's consumer is the test's SQS
+						// reader, not a process.
 						continue
 					}
 					ordered := map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode]
@@ -523,6 +644,9 @@ func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBr
 			c.server = c.pg
 		}
 		o.ProducersMayFail = true
+	}
+	if fc.consumer {
+		o.StartConsumer = c.startConsumer
 	}
 	fault := fc.Fault
 	if fc.signals != "" {
