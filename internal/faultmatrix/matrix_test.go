@@ -577,6 +577,7 @@ func TestFaultMatrix(t *testing.T) {
 		{name: "Kafka, outbox on MariaDB", new: kafka, backend: backendMariaDB},
 		{name: "RabbitMQ, log mode", new: rabbitMQ, backend: backendLog},
 		{name: "Kafka, log mode", new: kafka, backend: backendLog},
+		{name: "SNS, log mode", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendLog, sns: true},
 	}
 	base := outboxtest.FaultOptions{}
 	if long {
