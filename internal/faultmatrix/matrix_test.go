@@ -72,6 +72,8 @@ type cell struct {
 	// reaches the broker and as which group, what it consumes, and where
 	// it reports deliveries.
 	inboxDSN, consumerBroker, consumerGroup string
+	goaws                                   *sqstest.Goaws // SNS: where the consumer's queue is
+	consumerEnv                             []string
 	consumerTopic, consumerName             string
 	delivered                               func(eventID string)
 	consumer                                *exec.Cmd
@@ -213,6 +215,9 @@ func (c *cell) rabbitMQ(t *testing.T) *outboxtest.BrokerFixture {
 // ".fifo"). The consumer reads the SQS queues directly.
 func (c *cell) sns(t *testing.T) *outboxtest.BrokerFixture {
 	g := sqstest.New(t)
+	// A consumer killed while it held messages gets them back soon.
+	g.VisibilityTimeout = 3
+	c.goaws, c.consumerBroker = g, "sqs"
 	u, err := url.Parse(g.Endpoint)
 	if err != nil {
 		t.Fatal(err)
@@ -433,6 +438,11 @@ func (c *cell) killRelay(t *testing.T) {
 // once it is subscribed; the test's end stops it.
 func (c *cell) startConsumer(t *testing.T, topic, consumer string, delivered func(eventID string)) {
 	c.consumerTopic, c.consumerName, c.delivered = topic, consumer, delivered
+	if c.goaws != nil {
+		// The queue outlives the consumer processes: each reads it.
+		_, queueURL := c.goaws.SubscribeQueue(t, t.Context(), topic, true)
+		c.consumerEnv = []string{"FC_SQS_ENDPOINT=" + c.goaws.Endpoint, "FC_SQS_QUEUE=" + queueURL}
+	}
 	c.restartConsumer(t)
 }
 
@@ -440,6 +450,7 @@ func (c *cell) restartConsumer(t *testing.T) {
 	cmd := exec.Command(consumerBinary(t))
 	cmd.Env = append(os.Environ(), "FC_DSN="+c.inboxDSN, "FC_BROKER="+c.consumerBroker, "FC_GROUP="+c.consumerGroup,
 		"FC_CONSUMER="+c.consumerName, "FC_TOPIC="+c.consumerTopic)
+	cmd.Env = append(cmd.Env, c.consumerEnv...)
 	stderr := &lockedBuffer{}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
@@ -572,7 +583,7 @@ func TestFaultMatrix(t *testing.T) {
 	brokers := []broker{
 		{name: "RabbitMQ", new: rabbitMQ, backend: backendPostgres, consumerKill: true},
 		{name: "Kafka", new: kafka, backend: backendPostgres, consumerKill: true},
-		{name: "SNS", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendPostgres, sns: true},
+		{name: "SNS", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendPostgres, sns: true, consumerKill: true},
 		{name: "RabbitMQ, outbox on MariaDB", new: rabbitMQ, backend: backendMariaDB},
 		{name: "Kafka, outbox on MariaDB", new: kafka, backend: backendMariaDB},
 		{name: "RabbitMQ, log mode", new: rabbitMQ, backend: backendLog},
@@ -597,8 +608,7 @@ func TestFaultMatrix(t *testing.T) {
 					}
 					if names[i].consumer && !b.consumerKill {
 						// The consumer's side does not change with where
-						// the outbox is; SNS's consumer is the test's SQS
-						// reader, not a process.
+						// the outbox is or how it is relayed.
 						continue
 					}
 					ordered := map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode]

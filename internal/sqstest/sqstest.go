@@ -76,12 +76,20 @@ func (q *Client) call(ctx context.Context, form url.Values, out any) error {
 	return nil
 }
 
-// CreateQueue makes a queue and returns its URL and ARN.
-func (q *Client) CreateQueue(ctx context.Context, name string) (queueURL, arn string, err error) {
+// CreateQueue makes a queue with the given attributes (such as
+// VisibilityTimeout) and returns its URL and ARN.
+func (q *Client) CreateQueue(ctx context.Context, name string, attrs map[string]string) (queueURL, arn string, err error) {
 	var cr struct {
 		QueueURL string `xml:"CreateQueueResult>QueueUrl"`
 	}
-	if err := q.call(ctx, url.Values{"Action": {"CreateQueue"}, "QueueName": {name}}, &cr); err != nil {
+	form := url.Values{"Action": {"CreateQueue"}, "QueueName": {name}}
+	n := 0
+	for k, v := range attrs {
+		n++
+		form.Set(fmt.Sprintf("Attribute.%d.Name", n), k)
+		form.Set(fmt.Sprintf("Attribute.%d.Value", n), v)
+	}
+	if err := q.call(ctx, form, &cr); err != nil {
 		return "", "", err
 	}
 	var ar struct {
@@ -199,6 +207,19 @@ type Goaws struct {
 	Endpoint string
 	SNS      *sns.Client
 	SQS      *Client
+	// VisibilityTimeout is the seconds a received message of the queues
+	// SubscribeQueue makes stays hidden before it is delivered again
+	// (when its consumer died holding it). Default goaws's 30.
+	VisibilityTimeout int
+}
+
+// TB is the part of testing.TB this package uses, so that a helper
+// process of a test can use it too.
+type TB interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
 }
 
 // New returns clients for the emulator at TXOUTBOX_SNS_ENDPOINT.
@@ -211,7 +232,7 @@ func New(t testing.TB) *Goaws {
 // NewSNSClient is an SNS client on endpoint through the standard
 // configuration, with fixed credentials (goaws checks no signature) and no
 // SDK retries, so that every failure reaches the publisher.
-func NewSNSClient(t testing.TB, endpoint string) *sns.Client {
+func NewSNSClient(t TB, endpoint string) *sns.Client {
 	t.Helper()
 	c, err := snsbroker.NewClient(context.Background(), snsbroker.ClientOptions{
 		Region:      "us-east-1",
@@ -226,7 +247,7 @@ func NewSNSClient(t testing.TB, endpoint string) *sns.Client {
 
 // SubscribeQueue makes a fresh queue subscribed to the topic (created if
 // missing) and returns the topic ARN and the queue URL.
-func (g *Goaws) SubscribeQueue(t *testing.T, ctx context.Context, topic string, raw bool) (topicARN, queueURL string) {
+func (g *Goaws) SubscribeQueue(t TB, ctx context.Context, topic string, raw bool) (topicARN, queueURL string) {
 	t.Helper()
 	in := &sns.CreateTopicInput{Name: aws.String(topic)}
 	if snsbroker.IsFIFO(topic) {
@@ -240,7 +261,11 @@ func (g *Goaws) SubscribeQueue(t *testing.T, ctx context.Context, topic string, 
 	if snsbroker.IsFIFO(topic) {
 		qname += ".fifo"
 	}
-	queueURL, queueARN, err := g.SQS.CreateQueue(ctx, qname)
+	var attrs map[string]string
+	if g.VisibilityTimeout > 0 {
+		attrs = map[string]string{"VisibilityTimeout": strconv.Itoa(g.VisibilityTimeout)}
+	}
+	queueURL, queueARN, err := g.SQS.CreateQueue(ctx, qname, attrs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,9 +321,14 @@ func (g *Goaws) Drain(t *testing.T, ctx context.Context, queueURL string, raw bo
 // Subscriber is a Watermill message.Subscriber reading an SQS queue that it
 // subscribes to the topic: the consumer side of the conformance suite.
 type Subscriber struct {
-	T   *testing.T // reports delivery errors
+	T   TB // reports delivery errors
 	G   *Goaws
 	Raw bool // the subscription delivers raw messages (no SNS envelope)
+	// QueueURL, when set, is the queue to read, already subscribed to
+	// the topic (see SubscribeQueue): a consumer that restarts keeps its
+	// queue and finds what it left there. Default: Subscribe makes a
+	// fresh queue.
+	QueueURL string
 
 	mu     sync.Mutex
 	cancel []context.CancelFunc
@@ -307,11 +337,19 @@ type Subscriber struct {
 
 var _ message.Subscriber = (*Subscriber)(nil)
 
-// Subscribe creates the topic, a queue subscribed to it, and delivers the
-// queue's messages one at a time: the next only after Ack (which deletes it)
-// or Nack (which makes it visible again).
+// Subscribe creates the topic, a queue subscribed to it (unless QueueURL
+// is set), and delivers the queue's messages one at a time: the next only
+// after Ack (which deletes it) or Nack (which makes it visible again).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	topicARN, queueURL := s.G.SubscribeQueue(s.T, ctx, topic, s.Raw)
+	var topicARN, queueURL string
+	if s.QueueURL != "" {
+		if !s.Raw {
+			return nil, errors.New("sqstest: a Subscriber with a QueueURL reads raw deliveries only")
+		}
+		queueURL = s.QueueURL
+	} else {
+		topicARN, queueURL = s.G.SubscribeQueue(s.T, ctx, topic, s.Raw)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	s.mu.Lock()
 	s.cancel = append(s.cancel, cancel)

@@ -1,6 +1,8 @@
 // Command faultconsumer is the consumer process of the fault matrix's
 // "consumer SIGKILL" cells: it subscribes to FC_TOPIC on FC_BROKER
 // (amqp://... or kafka://host:port,...) as the group FC_GROUP, and applies
+// (or, with FC_BROKER=sqs, reads the goaws SQS queue FC_SQS_QUEUE at
+// FC_SQS_ENDPOINT, subscribed to the SNS topic, raw), and applies
 // every event through the SQL inbox on FC_DSN (PostgreSQL) as the consumer
 // FC_CONSUMER, writing a row into the effects table in the inbox's
 // transaction, as the suite's in-process consumer does. It prints "ready"
@@ -13,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -30,6 +33,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/inbox"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
+	"github.com/txoutbox/txoutbox/internal/sqstest"
 )
 
 func env(name string) string {
@@ -71,7 +75,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	sub, err := subscriber(env("FC_BROKER"), env("FC_GROUP"), log)
+	sub, err := subscriber(env("FC_BROKER"), log)
 	if err != nil {
 		return err
 	}
@@ -108,7 +112,13 @@ func run() error {
 	return <-done
 }
 
-func subscriber(broker, group string, log *slog.Logger) (message.Subscriber, error) {
+func subscriber(broker string, log *slog.Logger) (message.Subscriber, error) {
+	if broker == "sqs" {
+		endpoint := env("FC_SQS_ENDPOINT")
+		g := &sqstest.Goaws{Endpoint: endpoint, SQS: &sqstest.Client{Endpoint: endpoint, HTTP: &http.Client{Timeout: 30 * time.Second}}}
+		return &sqstest.Subscriber{T: processTB{log}, G: g, Raw: true, QueueURL: env("FC_SQS_QUEUE")}, nil
+	}
+	group := env("FC_GROUP")
 	if addrs, ok := strings.CutPrefix(broker, "kafka://"); ok {
 		cfg := kafkabroker.NewSaramaConfig()
 		// A killed member's partitions go to its successor after the
@@ -120,4 +130,22 @@ func subscriber(broker, group string, log *slog.Logger) (message.Subscriber, err
 			Sarama: cfg, ReconnectRetrySleep: 200 * time.Millisecond, Logger: log})
 	}
 	return amqpbroker.NewSubscriber(amqpbroker.SubscriberOptions{URL: broker, Consumer: group, Logger: log})
+}
+
+// processTB reports the SQS subscriber's errors on stderr; a fatal one
+// ends the process, which the test sees as a consumer that died.
+type processTB struct{ log *slog.Logger }
+
+func (processTB) Helper() {}
+
+func (p processTB) Errorf(format string, args ...any) { p.log.Error(fmt.Sprintf(format, args...)) }
+
+func (p processTB) Fatal(args ...any) {
+	p.log.Error(fmt.Sprint(args...))
+	os.Exit(1)
+}
+
+func (p processTB) Fatalf(format string, args ...any) {
+	p.log.Error(fmt.Sprintf(format, args...))
+	os.Exit(1)
 }
