@@ -68,6 +68,11 @@ type cell struct {
 	slot string
 	// env is added to the relay process's environment.
 	env []string
+	// The in-process Kafka cluster, and what restarts it (kafkaRestart:
+	// on disk, for the restart fault).
+	kfake        *kfake.Cluster
+	kfakeOpts    []kfake.Opt
+	kafkaRestart bool
 	// The consumer process (consumer SIGKILL): its inbox database, how it
 	// reaches the broker and as which group, what it consumes, and where
 	// it reports deliveries.
@@ -246,33 +251,42 @@ func (c *cell) sns(t *testing.T) *outboxtest.BrokerFixture {
 // the cluster advertises the proxy's address, so every client, the
 // relay's producer and the consumer, goes through it.
 func (c *cell) kafka(t *testing.T) *outboxtest.BrokerFixture {
-	var once sync.Once
-	var setupErr error
+	// own is the cluster's own address: a restarted cluster listens there
+	// again, behind the same proxy.
+	var own string
 	listen := func(network, address string) (net.Listener, error) {
-		l, err := net.Listen(network, "127.0.0.1:0")
+		addr := own
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		l, err := net.Listen(network, addr)
 		if err != nil {
 			return nil, err
 		}
-		once.Do(func() {
+		if own == "" {
 			p, err := faultproxy.New(l.Addr().String())
 			if err != nil {
-				setupErr = err
-				return
+				l.Close()
+				return nil, err
 			}
-			c.broker = p
-		})
-		if setupErr != nil {
-			l.Close()
-			return nil, setupErr
+			own, c.broker = l.Addr().String(), p
 		}
 		return advertised{Listener: l, addr: c.broker}, nil
 	}
-	cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4),
-		kfake.GroupMinSessionTimeout(time.Second), kfake.ListenFn(listen))
+	c.kfakeOpts = []kfake.Opt{kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4),
+		kfake.GroupMinSessionTimeout(time.Second), kfake.ListenFn(listen)}
+	if c.kafkaRestart {
+		// Durable, as a Kafka broker is: every produced batch is on disk
+		// before it is acknowledged, and a restart reloads the logs and
+		// the groups' offsets.
+		c.kfakeOpts = append(c.kfakeOpts, kfake.DataDir(t.TempDir()), kfake.SyncWrites())
+	}
+	cl, err := kfake.NewCluster(c.kfakeOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cl.Close(); c.broker.Close() })
+	c.kfake = cl
+	t.Cleanup(func() { c.kfake.Close(); c.broker.Close() })
 	c.brokerURL = "kafka://" + strings.Join(cl.ListenAddrs(), ",")
 	c.consumerBroker, c.consumerGroup = c.brokerURL, "faults-"+testenv.RandomSuffix()
 	pub, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: cl.ListenAddrs()})
@@ -316,6 +330,9 @@ type faultCase struct {
 	crash bool // the outbox is on a server of its own, which the fault crashes
 	// consumer: the consumer runs as a process, which the fault kills.
 	consumer bool
+	// kafkaRestart: the fault stops the in-process Kafka cluster and
+	// starts it again from its files.
+	kafkaRestart bool
 	// signals is what the relay must report while the fault lasts:
 	// "broker" (txoutbox_broker_up 0, one down and one back log line),
 	// "store" (/healthz 503, txoutbox_store_up 0, one down and one back
@@ -355,6 +372,8 @@ func faults(c *cell) []faultCase {
 	crash.crash = true
 	consumer := fault("consumer SIGKILL (inbox)", "", c.killConsumer, c.restartConsumer)
 	consumer.consumer = true
+	restart := fault("broker stopped and started", "broker", func(t *testing.T) { c.kfake.Close() }, c.startKafka)
+	restart.kafkaRestart = true
 	return []faultCase{
 		fault("broker latency 200ms", "", func(t *testing.T) { must(t, c.broker.Latency(200*time.Millisecond)) }, heal(broker)),
 		fault("broker bandwidth 8 KB/s", "", func(t *testing.T) { must(t, c.broker.Bandwidth(8)) }, heal(broker)),
@@ -366,6 +385,7 @@ func faults(c *cell) []faultCase {
 		fault("producers' pool exhausted", "", c.exhaustProducers, c.releaseProducers),
 		fault("relay SIGKILL", "", c.killRelay, c.startRelay),
 		consumer,
+		restart,
 		crash,
 	}
 }
@@ -498,6 +518,16 @@ func (c *cell) restartConsumer(t *testing.T) {
 	}
 }
 
+// startKafka starts the in-process Kafka cluster again, from its files,
+// on the address it had.
+func (c *cell) startKafka(t *testing.T) {
+	cl, err := kfake.NewCluster(c.kfakeOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.kfake = cl
+}
+
 func (c *cell) killConsumer(t *testing.T) {
 	if err := c.consumer.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -577,17 +607,19 @@ func TestFaultMatrix(t *testing.T) {
 		sns     bool
 		// consumerKill: the row runs the consumer SIGKILL cell.
 		consumerKill bool
+		kafka        bool // the broker is the in-process Kafka cluster
 	}
 	rabbitMQ := func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }
 	kafka := func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }
 	brokers := []broker{
 		{name: "RabbitMQ", new: rabbitMQ, backend: backendPostgres, consumerKill: true},
-		{name: "Kafka", new: kafka, backend: backendPostgres, consumerKill: true},
+		{name: "Kafka", new: kafka, backend: backendPostgres, consumerKill: true, kafka: true},
 		{name: "SNS", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendPostgres, sns: true, consumerKill: true},
 		{name: "RabbitMQ, outbox on MariaDB", new: rabbitMQ, backend: backendMariaDB},
-		{name: "Kafka, outbox on MariaDB", new: kafka, backend: backendMariaDB},
+		{name: "Kafka, outbox on MariaDB", new: kafka, backend: backendMariaDB, kafka: true},
+		{name: "SNS, outbox on MariaDB", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendMariaDB, sns: true},
 		{name: "RabbitMQ, log mode", new: rabbitMQ, backend: backendLog},
-		{name: "Kafka, log mode", new: kafka, backend: backendLog},
+		{name: "Kafka, log mode", new: kafka, backend: backendLog, kafka: true},
 		{name: "SNS, log mode", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendLog, sns: true},
 	}
 	base := outboxtest.FaultOptions{}
@@ -604,6 +636,11 @@ func TestFaultMatrix(t *testing.T) {
 					if b.backend == backendLog && names[i].crash {
 						// TestOutageChaosLog (package ordered) crashes
 						// log mode's server.
+						continue
+					}
+					if names[i].kafkaRestart && !b.kafka {
+						// RabbitMQ's restart is TestFaultMatrixOutage's;
+						// goaws keeps no state across one.
 						continue
 					}
 					if names[i].consumer && !b.consumerKill {
@@ -659,6 +696,7 @@ func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBr
 	if fc.consumer {
 		o.StartConsumer = c.startConsumer
 	}
+	c.kafkaRestart = fc.kafkaRestart
 	fault := fc.Fault
 	if fc.signals != "" {
 		// Before the fault is healed, the relay must say so.
