@@ -333,6 +333,10 @@ type faultCase struct {
 	// kafkaRestart: the fault stops the in-process Kafka cluster and
 	// starts it again from its files.
 	kafkaRestart bool
+	// brokerSide: the fault is the broker's alone, so the quick form runs
+	// it once per broker (with the outbox on PostgreSQL), not again with
+	// the outbox on MariaDB.
+	brokerSide bool
 	// signals is what the relay must report while the fault lasts:
 	// "broker" (txoutbox_broker_up 0, one down and one back log line),
 	// "store" (/healthz 503, txoutbox_store_up 0, one down and one back
@@ -373,13 +377,14 @@ func faults(c *cell) []faultCase {
 	consumer := fault("consumer SIGKILL (inbox)", "", c.killConsumer, c.restartConsumer)
 	consumer.consumer = true
 	restart := fault("broker stopped and started", "broker", func(t *testing.T) { c.kfake.Close() }, c.startKafka)
-	restart.kafkaRestart = true
+	restart.kafkaRestart, restart.brokerSide = true, true
+	brokerSide := func(f faultCase) faultCase { f.brokerSide = true; return f }
 	return []faultCase{
-		fault("broker latency 200ms", "", func(t *testing.T) { must(t, c.broker.Latency(200*time.Millisecond)) }, heal(broker)),
-		fault("broker bandwidth 8 KB/s", "", func(t *testing.T) { must(t, c.broker.Bandwidth(8)) }, heal(broker)),
+		brokerSide(fault("broker latency 200ms", "", func(t *testing.T) { must(t, c.broker.Latency(200*time.Millisecond)) }, heal(broker))),
+		brokerSide(fault("broker bandwidth 8 KB/s", "", func(t *testing.T) { must(t, c.broker.Bandwidth(8)) }, heal(broker))),
 		fault("broker connections reset", "broker", func(t *testing.T) { must(t, c.broker.Reset()) }, heal(broker)),
-		fault("broker blackholed", "broker", func(t *testing.T) { must(t, c.broker.Blackhole()) }, heal(broker)),
-		fault("broker refuses connections", "broker", func(t *testing.T) { c.broker.Refuse() }, heal(broker)),
+		brokerSide(fault("broker blackholed", "broker", func(t *testing.T) { must(t, c.broker.Blackhole()) }, heal(broker))),
+		brokerSide(fault("broker refuses connections", "broker", func(t *testing.T) { c.broker.Refuse() }, heal(broker))),
 		fault("database blackholed (relay)", "healthz", func(t *testing.T) { must(t, c.db.Blackhole()) }, heal(db)),
 		fault("database connections reset (relay)", "store", func(t *testing.T) { must(t, c.db.Reset()) }, heal(db)),
 		fault("producers' pool exhausted", "", c.exhaustProducers, c.releaseProducers),
@@ -641,6 +646,12 @@ func TestFaultMatrix(t *testing.T) {
 					if names[i].kafkaRestart && !b.kafka {
 						// RabbitMQ's restart is TestFaultMatrixOutage's;
 						// goaws keeps no state across one.
+						continue
+					}
+					if !long && b.backend == backendMariaDB && names[i].brokerSide {
+						// The relay on MariaDB meets a broker fault as on
+						// PostgreSQL (one reset cell stays); the long form
+						// runs them all.
 						continue
 					}
 					if names[i].consumer && !b.consumerKill {
