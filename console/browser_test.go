@@ -473,7 +473,7 @@ func TestConsoleOperatorPages(t *testing.T) {
 		_ = logrelay.Teardown(context.Background(), o.dsn, names, logrelay.TeardownOptions{Force: true})
 	})
 	c, err := console.New(o.box, console.Options{Logger: quiet, Leases: leaser, Inbox: in,
-		Slot: func(ctx context.Context) (logrelay.SlotStatus, error) { return logrelay.Status(ctx, o.dsn, names) }})
+		Slot: func(ctx context.Context) (logrelay.SlotStatus, error) { return logrelay.StatusDB(ctx, o.db, names) }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -340,6 +341,18 @@ func TestSetupStatusTeardown(t *testing.T) {
 	if !st.Exists || !st.TriggerInstalled || st.Active || st.Invalidated {
 		t.Fatalf("status after setup: %+v", st)
 	}
+	// Through a pool of the caller's, the same status (the server's WAL
+	// moves on meanwhile: other tests write).
+	db := testenv.OpenPostgresDSN(t, l.DSN)
+	pooled, err := logrelay.StatusDB(ctx, db, l.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := pooled
+	same.RetainedBytes, same.UnconfirmedBytes = st.RetainedBytes, st.UnconfirmedBytes
+	if same != st || pooled.RetainedBytes < st.RetainedBytes {
+		t.Fatalf("StatusDB = %+v; Status = %+v", pooled, st)
+	}
 	// Setup again is a no-op.
 	if err := logrelay.Setup(ctx, l.DSN, l.Names); err != nil {
 		t.Fatal(err)
@@ -387,6 +400,9 @@ func TestSetupStatusTeardown(t *testing.T) {
 	}
 	if st, err := logrelay.Status(ctx, l.DSN, l.Names); err != nil || st.Exists {
 		t.Errorf("status after teardown: %+v, %v", st, err)
+	}
+	if st, err := logrelay.StatusDB(ctx, db, l.Names); err != nil || st.Exists {
+		t.Errorf("StatusDB after teardown: %+v, %v", st, err)
 	}
 }
 

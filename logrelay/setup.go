@@ -2,6 +2,7 @@ package logrelay
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"regexp"
@@ -343,6 +344,28 @@ func Status(ctx context.Context, connString string, n Names) (SlotStatus, error)
 	return readStatus(ctx, conn, r)
 }
 
+// StatusDB is Status through db, a pool of the caller's on the same
+// database (database/sql, with pgx's stdlib driver or another PostgreSQL
+// driver), so that a page or probe that asks often opens no connection of
+// its own.
+func StatusDB(ctx context.Context, db *sql.DB, n Names) (SlotStatus, error) {
+	r, err := n.resolve()
+	if err != nil {
+		return SlotStatus{}, err
+	}
+	if db == nil {
+		return SlotStatus{}, fmt.Errorf("%w: logrelay.StatusDB needs a *sql.DB", core.ErrInvalidOptions)
+	}
+	return readStatus(ctx, sqlQuerier{db}, r)
+}
+
+// sqlQuerier is a *sql.DB as a querier: *sql.Row has pgx.Row's Scan.
+type sqlQuerier struct{ db *sql.DB }
+
+func (q sqlQuerier) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
+	return q.db.QueryRowContext(ctx, query, args...)
+}
+
 // querier is what readStatus needs of a connection or a pool.
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -361,7 +384,7 @@ func readStatus(ctx context.Context, q querier, r resolved) (SlotStatus, error) 
 	var age float64
 	err := q.QueryRow(ctx, statusSQL, r.slot, r.quotedTable, TriggerName).Scan(&st.Active, &st.ActivePID,
 		&st.RetainedBytes, &st.UnconfirmedBytes, &st.WALStatus, &st.SafeWALBytes, &age, &st.TriggerInstalled)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows) {
 		return st, nil
 	}
 	if err != nil {

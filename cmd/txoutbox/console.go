@@ -93,12 +93,9 @@ func (a *app) consoleExtras(ctx context.Context, f consoleFlags, db *database, o
 			return fmt.Errorf("console: %w", err)
 		}
 		if on {
-			dsn, err := a.requireDSN()
-			if err != nil {
-				return err
-			}
+			// Through the console's pool: the page opens no connection.
 			names := logrelay.Names{Table: a.table, Slot: f.slot}
-			opts.Slot = func(ctx context.Context) (logrelay.SlotStatus, error) { return logrelay.Status(ctx, dsn, names) }
+			opts.Slot = func(ctx context.Context) (logrelay.SlotStatus, error) { return logrelay.StatusDB(ctx, db.db, names) }
 		}
 	}
 	return nil

@@ -23,7 +23,26 @@ func TestConsoleCommand(t *testing.T) {
 	if r := run(t, "", nil, "relay", "--dsn", f.dsn, "--broker", "log://", "--console-addr", "0.0.0.0:0"); r.code != exitUsage || !strings.Contains(r.stderr, "beyond loopback") {
 		t.Errorf("relay --console-addr on all interfaces without auth: exit %d, %q", r.code, r.stderr)
 	}
-	cmd := exec.Command(binary, "console", "--dsn", f.dsn, "--addr", "127.0.0.1:0", "--log-format", "json", "--console-title", "orders")
+	addr, stderr := startConsole(t, f.dsn, "--console-title", "orders")
+	resp, err := http.Get(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "txoutbox · orders") || !strings.Contains(string(body), `id="pending">3<`) {
+		t.Errorf("GET %s: %d\n%s", addr, resp.StatusCode, body)
+	}
+	if strings.Contains(string(body), f.dsn) || strings.Contains(stderr.String(), "password") {
+		t.Error("the console shows the DSN")
+	}
+}
+
+// startConsole starts "txoutbox console" on dsn and a free loopback port,
+// and returns its URL (from its log) and its log; the test's end kills it.
+func startConsole(t *testing.T, dsn string, args ...string) (string, *lockedBuffer) {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"console", "--dsn", dsn, "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
 	cmd.Env = cliEnv()
 	stderr := &lockedBuffer{}
 	cmd.Stderr = stderr
@@ -46,16 +65,5 @@ func TestConsoleCommand(t *testing.T) {
 		}
 		return false
 	})
-	resp, err := http.Get(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "txoutbox · orders") || !strings.Contains(string(body), `id="pending">3<`) {
-		t.Errorf("GET %s: %d\n%s", addr, resp.StatusCode, body)
-	}
-	if strings.Contains(string(body), f.dsn) || strings.Contains(stderr.String(), "password") {
-		t.Error("the console shows the DSN")
-	}
+	return addr, stderr
 }

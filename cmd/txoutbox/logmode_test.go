@@ -6,6 +6,8 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +76,18 @@ func TestLogMode(t *testing.T) {
 	r = ok(t, dsn, "log", "status", "--slot", slot, "--publication", slot)
 	if !strings.Contains(r.stdout, "streaming") || !strings.Contains(r.stdout, "retained WAL") {
 		t.Errorf("log status table:\n%s", r.stdout)
+	}
+
+	// The console shows the slot, streaming, through its own pool.
+	caddr, _ := startConsole(t, dsn, "--console-slot", slot)
+	resp, err := http.Get(caddr + "log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), "slot "+slot) || !strings.Contains(string(page), `id="slot-state">yes<`) {
+		t.Errorf("GET %slog: %d\n%s", caddr, resp.StatusCode, page)
 	}
 
 	// stats says where the pending events are in log mode.
