@@ -429,7 +429,7 @@ func (c *cell) startRelay(t *testing.T) {
 		c.httpAddr = l.Addr().String()
 		l.Close()
 	}
-	cmd := exec.Command(cliBinary(t), "relay", "--dsn", c.relayDSN, "--broker", c.brokerURL, "--ordering", c.ordering,
+	cmd := exec.Command(cli.build(t), "relay", "--dsn", c.relayDSN, "--broker", c.brokerURL, "--ordering", c.ordering,
 		"--http-addr", c.httpAddr, "--poll-interval", "50ms", "--publish-timeout", "2s", "--initial-backoff", "100ms",
 		"--max-backoff", "1s", "--max-attempts", "1000", "--batch-size", "25", "--concurrency", "2", "--stats-interval", "500ms")
 	if c.backend == backendLog {
@@ -472,7 +472,7 @@ func (c *cell) startConsumer(t *testing.T, topic, consumer string, delivered fun
 }
 
 func (c *cell) restartConsumer(t *testing.T) {
-	cmd := exec.Command(consumerBinary(t))
+	cmd := exec.Command(faultConsumer.build(t))
 	cmd.Env = append(os.Environ(), "FC_DSN="+c.inboxDSN, "FC_BROKER="+c.consumerBroker, "FC_GROUP="+c.consumerGroup,
 		"FC_CONSUMER="+c.consumerName, "FC_TOPIC="+c.consumerTopic)
 	cmd.Env = append(cmd.Env, c.consumerEnv...)
@@ -541,56 +541,36 @@ func (c *cell) killConsumer(t *testing.T) {
 	_ = c.consumer.Wait()
 }
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
-// cliBinary builds the txoutbox command once per test run.
-func cliBinary(t *testing.T) string {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "txoutbox-faults")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "txoutbox")
-		out, err := exec.Command("go", "build", "-o", binary, "github.com/txoutbox/txoutbox/cmd/txoutbox").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binary
+// program is a command the tests build once per run.
+type program struct {
+	pkg  string
+	once sync.Once
+	path string
+	err  error
 }
 
 var (
-	consumerOnce     sync.Once
-	consumerBin      string
-	consumerBuildErr error
+	cli           = &program{pkg: "github.com/txoutbox/txoutbox/cmd/txoutbox"}
+	faultConsumer = &program{pkg: "github.com/txoutbox/txoutbox/internal/faultmatrix/internal/faultconsumer"}
 )
 
-// consumerBinary builds the consumer process once per test run.
-func consumerBinary(t *testing.T) string {
-	consumerOnce.Do(func() {
+// build builds the program on its first call and returns its path.
+func (p *program) build(t *testing.T) string {
+	p.once.Do(func() {
 		dir, err := os.MkdirTemp("", "txoutbox-faults")
 		if err != nil {
-			consumerBuildErr = err
+			p.err = err
 			return
 		}
-		consumerBin = filepath.Join(dir, "faultconsumer")
-		out, err := exec.Command("go", "build", "-o", consumerBin, "github.com/txoutbox/txoutbox/internal/faultmatrix/internal/faultconsumer").CombinedOutput()
-		if err != nil {
-			consumerBuildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		p.path = filepath.Join(dir, filepath.Base(p.pkg))
+		if out, err := exec.Command("go", "build", "-o", p.path, p.pkg).CombinedOutput(); err != nil {
+			p.err = fmt.Errorf("go build %s: %v\n%s", p.pkg, err, out)
 		}
 	})
-	if consumerBuildErr != nil {
-		t.Fatal(consumerBuildErr)
+	if p.err != nil {
+		t.Fatal(p.err)
 	}
-	return consumerBin
+	return p.path
 }
 
 var (
