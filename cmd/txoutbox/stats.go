@@ -134,11 +134,8 @@ func (a *app) logModeStats(ctx context.Context, db *database, ob *sqlxoutbox.Out
 	if !on {
 		return nil, nil
 	}
-	dsn, err := a.requireDSN()
-	if err != nil {
-		return nil, err
-	}
-	st, err := logrelay.Status(ctx, dsn, logrelay.Names{Table: a.table, Slot: slot})
+	// Through the pool stats already holds, not a connection of its own.
+	st, err := logrelay.StatusDB(ctx, db.db, logrelay.Names{Table: a.table, Slot: slot})
 	if err != nil {
 		return nil, logModeError(err)
 	}
