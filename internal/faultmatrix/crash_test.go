@@ -11,8 +11,10 @@ import (
 var crashMu sync.Mutex
 
 // crashable is a server of the cell's own that the crash fault stops
-// without a clean shutdown and starts again.
+// without a clean shutdown and starts again; the outbox is a database of
+// it.
 type crashable interface {
+	NewDatabase(t testing.TB) string
 	Crash(t testing.TB)
 	Start(t testing.TB)
 }

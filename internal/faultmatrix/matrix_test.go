@@ -58,10 +58,8 @@ type cell struct {
 	relayDSN       string        // the relay's database, through c.db
 	ordering       string
 	// server, when set, is the crashable server the outbox lives on: a
-	// PostgreSQL cluster (c.pg) or a MariaDB server (c.maria).
+	// PostgreSQL cluster, or a MariaDB server (backendMariaDB).
 	server crashable
-	pg     *testenv.Cluster
-	maria  *testenv.MariaDB
 	// backend is where the outbox is, and how it is relayed.
 	backend backend
 	// slot is log mode's replication slot (backendLog).
@@ -101,8 +99,8 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 		return c.mariaDBStore(t)
 	}
 	var dsn string
-	if c.pg != nil {
-		dsn = c.pg.NewDatabase(t)
+	if c.server != nil {
+		dsn = c.server.NewDatabase(t)
 	} else {
 		dsn = testenv.PostgresDSN(t)
 	}
@@ -150,8 +148,8 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 // c.db.
 func (c *cell) mariaDBStore(t *testing.T) *outboxtest.StoreFixture {
 	var dsn string
-	if c.maria != nil {
-		dsn = c.maria.NewDatabase(t)
+	if c.server != nil {
+		dsn = c.server.NewDatabase(t)
 	} else {
 		dsn = testenv.MySQLDSN(t)
 	}
@@ -305,6 +303,17 @@ func (c *cell) kafka(t *testing.T) *outboxtest.BrokerFixture {
 	}
 	t.Cleanup(func() { sub.Close() })
 	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub}
+}
+
+// newBroker is the broker fixture of kind: RabbitMQ, Kafka or SNS.
+func (c *cell) newBroker(kind string) outboxtest.NewBrokerFunc {
+	switch kind {
+	case "Kafka":
+		return c.kafka
+	case "SNS":
+		return c.sns
+	}
+	return c.rabbitMQ
 }
 
 // advertised is a listener that reports the proxy's address, so that the
@@ -585,27 +594,19 @@ var (
 // events. The table goes to the log (-v).
 func TestFaultMatrix(t *testing.T) {
 	t.Parallel()
+	// The rows: every broker with the outbox on PostgreSQL, on MariaDB,
+	// and in log mode.
 	type broker struct {
 		name    string
-		new     func(c *cell) outboxtest.NewBrokerFunc
+		kind    string // RabbitMQ, Kafka or SNS
 		backend backend
-		sns     bool
-		// consumerKill: the row runs the consumer SIGKILL cell.
-		consumerKill bool
-		kafka        bool // the broker is the in-process Kafka cluster
 	}
-	rabbitMQ := func(c *cell) outboxtest.NewBrokerFunc { return c.rabbitMQ }
-	kafka := func(c *cell) outboxtest.NewBrokerFunc { return c.kafka }
-	brokers := []broker{
-		{name: "RabbitMQ", new: rabbitMQ, backend: backendPostgres, consumerKill: true},
-		{name: "Kafka", new: kafka, backend: backendPostgres, consumerKill: true, kafka: true},
-		{name: "SNS", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendPostgres, sns: true, consumerKill: true},
-		{name: "RabbitMQ, outbox on MariaDB", new: rabbitMQ, backend: backendMariaDB},
-		{name: "Kafka, outbox on MariaDB", new: kafka, backend: backendMariaDB, kafka: true},
-		{name: "SNS, outbox on MariaDB", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendMariaDB, sns: true},
-		{name: "RabbitMQ, log mode", new: rabbitMQ, backend: backendLog},
-		{name: "Kafka, log mode", new: kafka, backend: backendLog, kafka: true},
-		{name: "SNS, log mode", new: func(c *cell) outboxtest.NewBrokerFunc { return c.sns }, backend: backendLog, sns: true},
+	var brokers []broker
+	for _, be := range []backend{backendPostgres, backendMariaDB, backendLog} {
+		for _, kind := range []string{"RabbitMQ", "Kafka", "SNS"} {
+			name := kind + map[backend]string{backendMariaDB: ", outbox on MariaDB", backendLog: ", log mode"}[be]
+			brokers = append(brokers, broker{name: name, kind: kind, backend: be})
+		}
 	}
 	base := outboxtest.FaultOptions{}
 	if long {
@@ -623,7 +624,7 @@ func TestFaultMatrix(t *testing.T) {
 						// log mode's server.
 						continue
 					}
-					if names[i].kafkaRestart && !b.kafka {
+					if names[i].kafkaRestart && b.kind != "Kafka" {
 						// RabbitMQ's restart is TestFaultMatrixOutage's;
 						// goaws keeps no state across one.
 						continue
@@ -634,25 +635,24 @@ func TestFaultMatrix(t *testing.T) {
 						// runs them all.
 						continue
 					}
-					if names[i].consumer && !b.consumerKill {
+					if names[i].consumer && b.backend != backendPostgres {
 						// The consumer's side does not change with where
 						// the outbox is or how it is relayed.
 						continue
 					}
 					ordered := map[core.OrderingMode]string{core.OrderingOff: "unordered", core.OrderingOn: "ordered"}[mode]
 					opts := base
-					if b.sns {
-						// goaws takes one Publish at a time, slowly.
-						opts.Rate = base.Rate / 2
-						if opts.Rate == 0 {
-							opts.Rate = 50
-						}
+					if b.kind == "SNS" {
+						// goaws takes one Publish at a time, slowly: half
+						// the rate (RunFault's default is 100).
+						opts.Rate = max(base.Rate, 100) / 2
 						if mode == core.OrderingOn {
 							opts.EventTypeSuffix = ".fifo"
 						}
 					}
 					t.Run(ordered+"/"+strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
-						runCell(t, b.name, b.new, b.backend, mode, opts, func(c *cell) faultCase { return faults(c)[i] })
+						runCell(t, b.name, func(c *cell) outboxtest.NewBrokerFunc { return c.newBroker(b.kind) }, b.backend, mode, opts,
+							func(c *cell) faultCase { return faults(c)[i] })
 					})
 				}
 			}
@@ -676,11 +676,9 @@ func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBr
 	o.StartRelay = c.startRelay
 	if fc.crash {
 		if be == backendMariaDB {
-			c.maria = testenv.StartMariaDB(t)
-			c.server = c.maria
+			c.server = testenv.StartMariaDB(t)
 		} else {
-			c.pg = testenv.StartCluster(t)
-			c.server = c.pg
+			c.server = testenv.StartCluster(t)
 		}
 		o.ProducersMayFail = true
 	}

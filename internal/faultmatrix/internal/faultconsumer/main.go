@@ -1,9 +1,9 @@
 // Command faultconsumer is the consumer process of the fault matrix's
 // "consumer SIGKILL" cells: it subscribes to FC_TOPIC on FC_BROKER
-// (amqp://... or kafka://host:port,...) as the group FC_GROUP, and applies
-// (or, with FC_BROKER=sqs, reads the goaws SQS queue FC_SQS_QUEUE at
-// FC_SQS_ENDPOINT, subscribed to the SNS topic, raw), and applies
-// every event through the SQL inbox on FC_DSN (PostgreSQL) as the consumer
+// (amqp://... or kafka://host:port,...) as the group FC_GROUP, or with
+// FC_BROKER=sqs reads the goaws SQS queue FC_SQS_QUEUE at FC_SQS_ENDPOINT
+// (subscribed to the SNS topic, raw), and applies every event through the
+// SQL inbox on FC_DSN (PostgreSQL) as the consumer
 // FC_CONSUMER, writing a row into the effects table in the inbox's
 // transaction, as the suite's in-process consumer does. It prints "ready"
 // once subscribed and "delivered <event ID>" as each message arrives, before
