@@ -226,7 +226,13 @@ type TB interface {
 func New(t testing.TB) *Goaws {
 	t.Helper()
 	endpoint := testenv.SNSEndpoint(t)
-	return &Goaws{Endpoint: endpoint, SNS: NewSNSClient(t, endpoint), SQS: &Client{Endpoint: endpoint, HTTP: &http.Client{Timeout: 30 * time.Second}}}
+	return &Goaws{Endpoint: endpoint, SNS: NewSNSClient(t, endpoint), SQS: NewClient(endpoint)}
+}
+
+// NewClient is an SQS client on the emulator at endpoint, each call
+// bounded by 30 s.
+func NewClient(endpoint string) *Client {
+	return &Client{Endpoint: endpoint, HTTP: &http.Client{Timeout: 30 * time.Second}}
 }
 
 // NewSNSClient is an SNS client on endpoint through the standard

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -115,7 +114,7 @@ func run() error {
 func subscriber(broker string, log *slog.Logger) (message.Subscriber, error) {
 	if broker == "sqs" {
 		endpoint := env("FC_SQS_ENDPOINT")
-		g := &sqstest.Goaws{Endpoint: endpoint, SQS: &sqstest.Client{Endpoint: endpoint, HTTP: &http.Client{Timeout: 30 * time.Second}}}
+		g := &sqstest.Goaws{Endpoint: endpoint, SQS: sqstest.NewClient(endpoint)}
 		return &sqstest.Subscriber{T: processTB{log}, G: g, Raw: true, QueueURL: env("FC_SQS_QUEUE")}, nil
 	}
 	group := env("FC_GROUP")
