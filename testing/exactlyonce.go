@@ -84,17 +84,7 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 	// Info, not debug: every skipped duplicate is a debug line.
 	onceLogger := slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	for i := range onceConsumers {
-		mw, err := inbox.NewMiddleware(in.Inbox, inbox.Options{Consumer: consumer, Logger: onceLogger})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.AddMiddleware(count, mw)
-		r.AddConsumerHandler(fmt.Sprintf("once-%d", i), topic, b.Subscriber, handler)
-		onceRunRouter(t, r)
+		runInboxConsumer(t, in, consumer, onceLogger, fmt.Sprintf("once-%d", i), topic, b.Subscriber, count, handler)
 	}
 
 	faulty := &Faulty{Inner: b.Publisher, FailRate: 0.1, FailAfterSendRate: 0.1, DuplicateRate: 0.15}
@@ -174,6 +164,25 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 	}
 	t.Logf("%d committed + %d rolled-back events; faults %+v; %d deliveries, %d events delivered more than once, %d handler runs (%d failed and rolled back)",
 		len(committed), len(rolledBack), fc, total, duplicated, runs.Load(), fails.Load())
+}
+
+// runInboxConsumer runs a router until the test ends that consumes topic
+// from sub as the inbox's consumer: count sees each delivery first, then
+// the inbox middleware runs handler in its transaction.
+func runInboxConsumer(t *testing.T, in *InboxFixture, consumer string, log *slog.Logger, name, topic string, sub message.Subscriber,
+	count message.HandlerMiddleware, handler message.NoPublishHandlerFunc) {
+	t.Helper()
+	mw, err := inbox.NewMiddleware(in.Inbox, inbox.Options{Consumer: consumer, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddMiddleware(count, mw)
+	r.AddConsumerHandler(name, topic, sub, handler)
+	onceRunRouter(t, r)
 }
 
 // onceRunRouter runs r until the test ends and waits until its handlers

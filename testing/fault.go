@@ -9,11 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/inbox"
 )
 
 // Fault is a fault that RunFault injects while producers write: Inject
@@ -153,19 +151,9 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 				return h(msg)
 			}
 		}
-		mw, err := inbox.NewMiddleware(in.Inbox, inbox.Options{Consumer: consumer, Logger: testLogger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.AddMiddleware(count, mw)
-		r.AddConsumerHandler("fault", b.topic(et), b.Subscriber, func(msg *message.Message) error {
+		runInboxConsumer(t, in, consumer, testLogger(t), "fault", b.topic(et), b.Subscriber, count, func(msg *message.Message) error {
 			return in.Effect(msg.Context(), msg.Metadata.Get(core.HeaderEventID))
 		})
-		onceRunRouter(t, r)
 	}
 
 	ro := core.RelayOptions{
