@@ -37,12 +37,7 @@ func StartCluster(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := freePort(t)
 	c := &Cluster{dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", port)}
 	if os.Geteuid() == 0 {
 		if out, err := exec.Command("chown", "postgres:", dir).CombinedOutput(); err != nil {
@@ -67,6 +62,17 @@ func StartCluster(t testing.TB) *Cluster {
 	}
 	c.Start(t)
 	return c
+}
+
+// freePort returns a loopback TCP port that nothing listens on now, for a
+// throwaway server of a test.
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,12 +37,7 @@ func StartMariaDB(t testing.TB) *MariaDB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &MariaDB{dir: dir, port: l.Addr().(*net.TCPAddr).Port}
-	l.Close()
+	m := &MariaDB{dir: dir, port: freePort(t)}
 	t.Cleanup(func() {
 		m.kill()
 		os.RemoveAll(dir)
