@@ -77,40 +77,51 @@ func (b *bench) consoleScenario(ctx context.Context) ([]row, error) {
 		{"events of one aggregate (no index on aggregate_id)", "/events?aggregate_id=o-4242"},
 		{"ordered mode's held aggregates", "/ordered"},
 	}
-	rows := make([]row, 0, len(pages)+2)
 	size := fmt.Sprintf("%s published, %s dead", count(b.c.Retained), count(dead))
-	// The two lookups again with the opt-in lookup indexes
-	// (txoutbox migrate --lookup-indexes).
-	pages = append(pages, struct{ name, path string }{"lookup-indexes", ""},
-		struct{ name, path string }{"event by ID, with the lookup indexes", "/events?id=" + someID},
-		struct{ name, path string }{"events of one aggregate, with the lookup indexes", "/events?aggregate_id=o-4242"})
-	for _, p := range pages {
-		if p.name == "lookup-indexes" {
-			if err := dialect.Migrate(ctx, b.db, dialect.Postgres, dialect.MigrateOptions{Table: consoleTable, SkipInbox: true,
-				LookupIndexes: true, Logger: b.quiet}); err != nil {
-				return nil, err
-			}
-			if _, err := b.db.ExecContext(ctx, "ANALYZE "+consoleTable); err != nil {
-				return nil, err
-			}
-			continue
-		}
+	measure := func(name, path string) (row, error) {
 		var ds []time.Duration
 		for range 5 {
-			req := httptest.NewRequestWithContext(ctx, http.MethodGet, p.path, nil)
+			req := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
 			rec := httptest.NewRecorder()
 			t0 := time.Now()
 			c.ServeHTTP(rec, req)
 			ds = append(ds, time.Since(t0))
 			if rec.Code != http.StatusOK && rec.Code != http.StatusSeeOther {
-				return nil, fmt.Errorf("console %s: %d %s", p.path, rec.Code, rec.Body.String())
+				return row{}, fmt.Errorf("console %s: %d %s", path, rec.Code, rec.Body.String())
 			}
 		}
 		slices.Sort(ds)
 		med := ms(ds[len(ds)/2])
-		b.log.Info("console page", "page", p.name, "median", ds[len(ds)/2], "max", ds[len(ds)-1])
-		rows = append(rows, row{name: "v  console page: " + p.name + " (" + size + "), median of 5 loads",
-			value: med, unit: "ms", target: "≤ 100 ms", pass: med <= 100, verdict: true})
+		b.log.Info("console page", "page", name, "median", ds[len(ds)/2], "max", ds[len(ds)-1])
+		return row{name: "v  console page: " + name + " (" + size + "), median of 5 loads",
+			value: med, unit: "ms", target: "≤ 100 ms", pass: med <= 100, verdict: true}, nil
+	}
+	rows := make([]row, 0, len(pages)+2)
+	for _, p := range pages {
+		r, err := measure(p.name, p.path)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, r)
+	}
+	// The two lookups again with the opt-in lookup indexes
+	// (txoutbox migrate --lookup-indexes).
+	if err := dialect.Migrate(ctx, b.db, dialect.Postgres, dialect.MigrateOptions{Table: consoleTable, SkipInbox: true,
+		LookupIndexes: true, Logger: b.quiet}); err != nil {
+		return nil, err
+	}
+	if _, err := b.db.ExecContext(ctx, "ANALYZE "+consoleTable); err != nil {
+		return nil, err
+	}
+	for _, p := range []struct{ name, path string }{
+		{"event by ID, with the lookup indexes", "/events?id=" + someID},
+		{"events of one aggregate, with the lookup indexes", "/events?aggregate_id=o-4242"},
+	} {
+		r, err := measure(p.name, p.path)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, r)
 	}
 	return rows, nil
 }
