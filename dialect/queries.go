@@ -41,6 +41,7 @@ type Queries struct {
 	del                           string
 	get                           string
 	seq                           string
+	insertOne                     string // Insert of one event, the common case
 }
 
 // Queries returns the statements for the outbox table named table (""
@@ -118,6 +119,11 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 			" WHERE published_at < ? ORDER BY published_at LIMIT ?)")
 	}
 	q.seq = d.rebind("SELECT " + q.cols + " FROM " + q.t + " WHERE id = ?")
+	one, _, err := q.Insert([]core.Event{{}})
+	if err != nil {
+		return nil, err
+	}
+	q.insertOne = one
 	return q, nil
 }
 
@@ -140,6 +146,12 @@ func (q *Queries) Table() Identifier { return q.id }
 // returns no rows: read them back in the same transaction with
 // InsertedRows.
 func (q *Queries) Insert(events []core.Event) (string, []any, error) {
+	if len(events) == 1 && q.insertOne != "" {
+		// A producer's usual call: the statement is the same every time,
+		// only its arguments are built.
+		args, err := insertArgs(events, make([]any, 0, 6))
+		return q.insertOne, args, err
+	}
 	stmt, args, err := q.insertValues(events)
 	if err != nil {
 		return "", nil, err
@@ -183,24 +195,35 @@ func (q *Queries) insertValues(events []core.Event) (string, []any, error) {
 	b.WriteString("INSERT INTO ")
 	b.WriteString(q.t)
 	b.WriteString(" (event_id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES ")
-	args := make([]any, 0, 6*len(events))
 	for i := range events {
-		ev := &events[i]
 		if i > 0 {
 			b.WriteString(", ")
 		}
 		b.WriteString(row)
+	}
+	args, err := insertArgs(events, make([]any, 0, 6*len(events)))
+	if err != nil {
+		return "", nil, err
+	}
+	return b.String(), args, nil
+}
+
+// insertArgs appends the six arguments of each event's row of an INSERT to
+// args.
+func insertArgs(events []core.Event, args []any) ([]any, error) {
+	for i := range events {
+		ev := &events[i]
 		headers := "{}"
 		if len(ev.Headers) > 0 {
 			h, err := json.Marshal(ev.Headers)
 			if err != nil {
-				return "", nil, fmt.Errorf("dialect: marshal headers of event %s: %w", ev.ID, err)
+				return nil, fmt.Errorf("dialect: marshal headers of event %s: %w", ev.ID, err)
 			}
 			headers = string(h)
 		}
 		args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), headers)
 	}
-	return b.String(), args, nil
+	return args, nil
 }
 
 // ErrNotAttachable is returned (wrapped) by InsertWith for a statement that
