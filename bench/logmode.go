@@ -127,7 +127,7 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 	if err := setup(logProd); err != nil {
 		return nil, err
 	}
-	prate, err := b.rotate(ctx, "log producers", []string{prodPlain, prodOutbox, prodLog, prodLogRelay}, func(v string, d time.Duration) (int64, time.Duration, error) {
+	prate, _, err := b.rotate(ctx, "log producers", []string{prodPlain, prodOutbox, prodLog, prodLogRelay}, func(v string, d time.Duration) (int64, time.Duration, error) {
 		if v == prodLog || v == prodLogRelay {
 			return b.logProducerRun(ctx, logProd, v == prodLogRelay, d)
 		}

@@ -130,7 +130,7 @@ func (b *bench) mysqlScenario(ctx context.Context) ([]row, error) {
 			return nil, err
 		}
 	}
-	rate, err := b.rotate(ctx, "mysql producers", variants, func(v string, d time.Duration) (int64, time.Duration, error) {
+	rate, _, err := b.rotate(ctx, "mysql producers", variants, func(v string, d time.Duration) (int64, time.Duration, error) {
 		return b.produce(ctx, d, func(ctx context.Context, i int) error { return mysqlProduce(ctx, m.db, boxes[v], v, i) })
 	})
 	if err != nil {

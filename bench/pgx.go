@@ -64,7 +64,7 @@ func (b *bench) pgxScenario(ctx context.Context) ([]row, error) {
 			return nil, err
 		}
 	}
-	rate, err := b.rotate(ctx, "pgx producers", variants, func(v string, d time.Duration) (int64, time.Duration, error) {
+	rate, _, err := b.rotate(ctx, "pgx producers", variants, func(v string, d time.Duration) (int64, time.Duration, error) {
 		return b.produce(ctx, d, func(ctx context.Context, i int) error {
 			switch v {
 			case fPgxEnqueue, fPgxExecWith:

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,7 +61,7 @@ func (b *bench) producers(ctx context.Context) ([]row, error) {
 	if _, err := b.db.ExecContext(ctx, "VACUUM ANALYZE "+tables); err != nil {
 		return nil, err
 	}
-	rate, err := b.rotate(ctx, "producers", variants, func(v string, d time.Duration) (int64, time.Duration, error) {
+	_, rate, err := b.rotate(ctx, "producers", variants, func(v string, d time.Duration) (int64, time.Duration, error) {
 		return b.producerRun(ctx, v, d)
 	})
 	if err != nil {
@@ -71,7 +72,7 @@ func (b *bench) producers(ctx context.Context) ([]row, error) {
 	// 16 clients.
 	few := b.c.Producers
 	b.c.Producers = 16
-	rate16, err := b.rotate(ctx, "producers (16 clients)", []string{prodPlain, prodOutbox, prodEnqueue, prodHand, prodHandReturning}, func(v string, d time.Duration) (int64, time.Duration, error) {
+	_, rate16, err := b.rotate(ctx, "producers (16 clients)", []string{prodPlain, prodOutbox, prodEnqueue, prodHand, prodHandReturning}, func(v string, d time.Duration) (int64, time.Duration, error) {
 		return b.producerRun(ctx, v, d)
 	})
 	b.c.Producers = few
@@ -80,37 +81,25 @@ func (b *bench) producers(ctx context.Context) ([]row, error) {
 	}
 	clients := fmt.Sprintf("%d clients", b.c.Producers)
 	return []row{
-		{name: "d' producer tx/s with Enqueue vs a hand-written INSERT of the same event row (" + clients + ")", value: rate[prodEnqueue], baseline: rate[prodHand],
-			unit: " tx/s", target: "≥ 97 %", pass: rate[prodEnqueue] >= 0.97*rate[prodHand], verdict: true},
-		{name: "d' producer tx/s with Enqueue vs the same INSERT by hand with Enqueue's write-back (RETURNING id, created_at read through database/sql; " + clients + ")",
-			value: rate[prodEnqueue], baseline: rate[prodHandReturning], unit: " tx/s", target: "—"},
-		{name: "d' producer tx/s, the hand-written INSERT with the write-back vs without (" + clients + ")", value: rate[prodHandReturning], baseline: rate[prodHand],
-			unit: " tx/s", target: "—"},
-		{name: "d  producer tx/s with the outbox row (ExecWithEvents) vs without, 16 clients", value: rate16[prodOutbox], baseline: rate16[prodPlain],
-			unit: " tx/s", target: "≥ 85 %", pass: rate16[prodOutbox] >= 0.85*rate16[prodPlain], verdict: true},
-		{name: "d' producer tx/s with Enqueue vs a hand-written INSERT of the same event row, 16 clients", value: rate16[prodEnqueue], baseline: rate16[prodHand],
-			unit: " tx/s", target: "≥ 97 %", pass: rate16[prodEnqueue] >= 0.97*rate16[prodHand], verdict: true},
-		{name: "d' producer tx/s with Enqueue vs the same INSERT by hand with its write-back, 16 clients", value: rate16[prodEnqueue], baseline: rate16[prodHandReturning],
-			unit: " tx/s", target: "—"},
-		{name: "d' producer tx/s, the hand-written INSERT with the write-back vs without, 16 clients", value: rate16[prodHandReturning], baseline: rate16[prodHand],
-			unit: " tx/s", target: "—"},
-		{name: "d  producer tx/s with the outbox row (ExecWithEvents: one statement) vs without (" + clients + ")", value: rate[prodOutbox], baseline: rate[prodPlain],
-			unit: " tx/s", target: "≥ 85 %", pass: rate[prodOutbox] >= 0.85*rate[prodPlain], verdict: true},
-		{name: "d' producer tx/s with the outbox row (Enqueue: a statement of its own) vs without", value: rate[prodEnqueue], baseline: rate[prodPlain],
-			unit: " tx/s", target: "—"},
-		{name: "d  producer tx/s with a relay draining beside, in-process wake, vs no relay", value: rate[prodRelay], baseline: rate[prodOutbox],
-			unit: " tx/s", target: "≥ 75 % (cost ≤ 25 %)", pass: rate[prodRelay] >= 0.75*rate[prodOutbox], verdict: true},
-		{name: "d  producer tx/s with a relay draining beside, debounced NOTIFY, vs no relay", value: rate[prodRelayNotify], baseline: rate[prodOutbox],
-			unit: " tx/s", target: "≥ 75 % (cost ≤ 25 %)", pass: rate[prodRelayNotify] >= 0.75*rate[prodOutbox], verdict: true},
-		{name: "d' producer tx/s with pg_notify inside every transaction vs without (why we debounce)", value: rate[prodNotifyPerTx], baseline: rate[prodOutbox],
-			unit: " tx/s", target: "—"},
+		rate.row("d' producer tx/s with Enqueue vs a hand-written INSERT of the same event row ("+clients+")", prodEnqueue, prodHand, "≥ 97 %", 0.97),
+		rate.row("d' producer tx/s with Enqueue vs the same INSERT by hand with Enqueue's write-back (RETURNING id, created_at read through database/sql; "+clients+")", prodEnqueue, prodHandReturning, "—", 0),
+		rate.row("d' producer tx/s, the hand-written INSERT with the write-back vs without ("+clients+")", prodHandReturning, prodHand, "—", 0),
+		rate16.row("d  producer tx/s with the outbox row (ExecWithEvents) vs without, 16 clients", prodOutbox, prodPlain, "≥ 85 %", 0.85),
+		rate16.row("d' producer tx/s with Enqueue vs a hand-written INSERT of the same event row, 16 clients", prodEnqueue, prodHand, "≥ 97 %", 0.97),
+		rate16.row("d' producer tx/s with Enqueue vs the same INSERT by hand with its write-back, 16 clients", prodEnqueue, prodHandReturning, "—", 0),
+		rate16.row("d' producer tx/s, the hand-written INSERT with the write-back vs without, 16 clients", prodHandReturning, prodHand, "—", 0),
+		rate.row("d  producer tx/s with the outbox row (ExecWithEvents: one statement) vs without ("+clients+")", prodOutbox, prodPlain, "≥ 85 %", 0.85),
+		rate.row("d' producer tx/s with the outbox row (Enqueue: a statement of its own) vs without", prodEnqueue, prodPlain, "—", 0),
+		rate.row("d  producer tx/s with a relay draining beside, in-process wake, vs no relay", prodRelay, prodOutbox, "≥ 75 % (cost ≤ 25 %)", 0.75),
+		rate.row("d  producer tx/s with a relay draining beside, debounced NOTIFY, vs no relay", prodRelayNotify, prodOutbox, "≥ 75 % (cost ≤ 25 %)", 0.75),
+		rate.row("d' producer tx/s with pg_notify inside every transaction vs without (why we debounce)", prodNotifyPerTx, prodOutbox, "—", 0),
 	}, nil
 }
 
 // rotate runs the variants in turns of a second, in a rotating order, until
 // each has run ProducerFor per round, and returns each one's transactions
-// per second over its own time.
-func (b *bench) rotate(ctx context.Context, what string, variants []string, run func(v string, d time.Duration) (int64, time.Duration, error)) (map[string]float64, error) {
+// per second over its own time, overall and round by round.
+func (b *bench) rotate(ctx context.Context, what string, variants []string, run func(v string, d time.Duration) (int64, time.Duration, error)) (map[string]float64, rounds, error) {
 	slice := min(time.Second, b.c.ProducerFor)
 	turns := max(int(b.c.ProducerFor/slice), 1)
 	type total struct {
@@ -121,30 +110,61 @@ func (b *bench) rotate(ctx context.Context, what string, variants []string, run 
 	for _, v := range variants {
 		totals[v] = &total{}
 	}
+	perRound := rounds{}
 	for round := range b.c.Rounds {
+		inRound := map[string]*total{}
+		for _, v := range variants {
+			inRound[v] = &total{}
+		}
 		for k := range turns {
 			for j := range variants {
 				if err := ctx.Err(); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				v := variants[(k+j+round)%len(variants)]
 				n, el, err := run(v, slice)
 				if err != nil {
-					return nil, fmt.Errorf("%s: %w", v, err)
+					return nil, nil, fmt.Errorf("%s: %w", v, err)
 				}
 				totals[v].n += n
 				totals[v].el += el
+				inRound[v].n += n
+				inRound[v].el += el
 			}
 		}
 		for _, v := range variants {
-			b.log.Info(what, "round", round, "variant", v, "tx_per_s_so_far", int(float64(totals[v].n)/totals[v].el.Seconds()))
+			perRound[v] = append(perRound[v], float64(inRound[v].n)/inRound[v].el.Seconds())
+			b.log.Info(what, "round", round, "variant", v, "tx_per_s", int(perRound[v][round]), "tx_per_s_so_far", int(float64(totals[v].n)/totals[v].el.Seconds()))
 		}
 	}
 	rate := map[string]float64{}
 	for v, t := range totals {
 		rate[v] = float64(t.n) / t.el.Seconds()
 	}
-	return rate, nil
+	return rate, perRound, nil
+}
+
+// rounds are the transactions per second of each variant, one per round.
+type rounds map[string][]float64
+
+// row compares variant v with base round by round: the ratio column is the
+// median of the per-round ratios with their spread, and the row passes when
+// that median is at least least (a row without a target has least 0).
+func (r rounds) row(name, v, base, target string, least float64) row {
+	var ratios []float64
+	for i := range min(len(r[v]), len(r[base])) {
+		ratios = append(ratios, r[v][i]/r[base][i])
+	}
+	med := func(xs []float64) float64 {
+		xs = slices.Clone(xs)
+		slices.Sort(xs)
+		return median(xs)
+	}
+	out := row{name: name, value: med(r[v]), baseline: med(r[base]), ratios: ratios, unit: " tx/s", target: target}
+	if least > 0 {
+		out.pass, out.verdict = med(ratios) >= least, true
+	}
+	return out
 }
 
 // produce runs tx on Producers goroutines for about d, the i-th call of
