@@ -50,10 +50,12 @@ func TestQuickRun(t *testing.T) {
 		"| c' latency p50 at 1000/s, in-process wake, vs the least its claim rate allows",
 		"| c'' latency p50 at 1000/s, in-process wake, MaxCooldown 2ms", "| c'' latency p99 at 1000/s, in-process wake, MaxCooldown 2ms",
 		"| c'' relay claims per event at 1000/s, in-process wake, MaxCooldown 2ms",
-		"| d' producer tx/s with Enqueue vs a hand-written INSERT", "| d' producer tx/s with Enqueue vs the same INSERT by hand with Enqueue's write-back",
+		"| d' producer tx/s with Enqueue vs a hand-written INSERT", "| d' producer tx/s with Enqueue, Options.SkipReadBack, vs a hand-written INSERT of the same event row (",
+		"| d' producer tx/s with Enqueue vs the same INSERT by hand with Enqueue's write-back",
 		"| d' producer tx/s, the hand-written INSERT with the write-back vs without (",
 		"| d  producer tx/s with the outbox row (ExecWithEvents) vs without, 16 clients",
 		"| d' producer tx/s with Enqueue vs a hand-written INSERT of the same event row, 16 clients",
+		"| d' producer tx/s with Enqueue, Options.SkipReadBack, vs a hand-written INSERT of the same event row, 16 clients",
 		"| d' producer tx/s with Enqueue vs the same INSERT by hand with its write-back, 16 clients",
 		"| d' producer tx/s, the hand-written INSERT with the write-back vs without, 16 clients",
 		"| d  producer tx/s with the outbox row (ExecWithEvents", "| d' producer tx/s with the outbox row (Enqueue",
@@ -69,7 +71,8 @@ func TestQuickRun(t *testing.T) {
 		"| v  console page: event detail", "| v  console page: event by ID", "| v  console page: events of one aggregate",
 		"| v  console page: ordered mode's held aggregates",
 		"| v  console page: event by ID, with the lookup indexes", "| v  console page: events of one aggregate, with the lookup indexes",
-		"| m  MariaDB relay drain", "| m' MariaDB producer tx/s with the outbox row (Enqueue", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
+		"| m  MariaDB relay drain", "| m' MariaDB producer tx/s with the outbox row (Enqueue:",
+		"| m' MariaDB producer tx/s with the outbox row (Enqueue with SkipReadBack", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
 		"| m  MariaDB claim latency p50", "| m  MariaDB claim latency p99",
 	}
 	var got []string

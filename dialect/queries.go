@@ -42,6 +42,7 @@ type Queries struct {
 	get                           string
 	seq                           string
 	insertOne                     string // Insert of one event, the common case
+	insertOnePlain                string // InsertNoReturning of one event
 }
 
 // Queries returns the statements for the outbox table named table (""
@@ -124,6 +125,10 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 		return nil, err
 	}
 	q.insertOne = one
+	if one, _, err = q.InsertNoReturning([]core.Event{{}}); err != nil {
+		return nil, err
+	}
+	q.insertOnePlain = one
 	return q, nil
 }
 
@@ -160,6 +165,21 @@ func (q *Queries) Insert(events []core.Event) (string, []any, error) {
 		return stmt, args, nil
 	}
 	return q.d.rebind(stmt + " RETURNING id, created_at"), args, nil
+}
+
+// InsertNoReturning is Insert without "RETURNING id, created_at": for a
+// writer that does not read the rows' id and created_at back
+// (sqlxoutbox.Options.SkipReadBack). On MySQL it is Insert.
+func (q *Queries) InsertNoReturning(events []core.Event) (string, []any, error) {
+	if len(events) == 1 && q.insertOnePlain != "" {
+		args, err := insertArgs(events, make([]any, 0, 6))
+		return q.insertOnePlain, args, err
+	}
+	stmt, args, err := q.insertValues(events)
+	if err != nil {
+		return "", nil, err
+	}
+	return q.d.rebind(stmt), args, nil
 }
 
 // InsertedRows returns, on MySQL, the query of "id, created_at, event_id"

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
@@ -128,6 +129,29 @@ func TestNoWritePerEvent(t *testing.T) {
 	// Enqueue in log mode does not write Seq back: there is no row.
 	if evs[0].Seq != 0 {
 		t.Errorf("Seq = %d after Enqueue in log mode, want 0", evs[0].Seq)
+	}
+	// A producer that reads nothing back (one statement, its count of rows
+	// checked) writes to the log as well.
+	plain, err := sqlxoutbox.NewDB(l.X.DB, sqlxoutbox.Options{Table: l.Names.Table, SkipReadBack: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	more := events(t, 3, 1)
+	tx, err := l.X.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Enqueue(ctx, tx, more...); err != nil {
+		t.Fatalf("Enqueue with SkipReadBack in log mode: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.WaitDistinct(ctx, len(evs)+len(more)); err != nil {
+		t.Fatal(err)
+	}
+	if n := query[int64](t, l.DSN, "SELECT count(*) FROM "+l.Names.Table); n != 0 {
+		t.Errorf("the outbox table holds %d rows after SkipReadBack's Enqueue in log mode, want 0", n)
 	}
 	for _, got := range rec.Events() {
 		if got.Seq == 0 || got.CreatedAt.IsZero() || len(got.Payload) == 0 {

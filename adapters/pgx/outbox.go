@@ -84,6 +84,10 @@ type Options struct {
 	// commit; see sqlxoutbox.Options.SyncMark, whose default (off) this
 	// shares.
 	SyncMark bool
+	// SkipReadBack makes Enqueue leave the events' Seq and CreatedAt zero
+	// instead of reading them back (RETURNING); see
+	// sqlxoutbox.Options.SkipReadBack.
+	SkipReadBack bool
 	// Logger receives the adapter's warnings. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -175,8 +179,9 @@ func (o *Outbox) notify() {
 // multi-row INSERT per dialect.MaxInsertRows events. A nil tx fails with
 // core.ErrNoTransaction.
 //
-// The IDs, and the Seq and CreatedAt the database assigned, are written
-// back into events: pass a slice (Enqueue(ctx, tx, evs...)) to see them.
+// The IDs, and the Seq and CreatedAt the database assigned (unless
+// Options.SkipReadBack), are written back into events: pass a slice
+// (Enqueue(ctx, tx, evs...)) to see them.
 // Enqueue then wakes the relays of this process (and the Notifier), before
 // tx commits.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...core.Event) error {
@@ -229,6 +234,25 @@ type inserted struct {
 }
 
 func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, events []core.Event) error {
+	if o.opts.SkipReadBack {
+		query, args, err := o.q.InsertNoReturning(events)
+		if err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, query, args...)
+		if err != nil {
+			return fmt.Errorf("pgxoutbox: insert %d events: %w", len(events), dialect.CheckMigrated(err, o.q.Table()))
+		}
+		if tag.RowsAffected() == 0 {
+			if ok, err := o.logMode(ctx, tx); err != nil || ok {
+				return err // log mode: the events went to the WAL, not the table
+			}
+		}
+		if n := tag.RowsAffected(); n != int64(len(events)) {
+			return fmt.Errorf("pgxoutbox: insert of %d events wrote %d rows", len(events), n)
+		}
+		return nil
+	}
 	query, args, err := o.q.Insert(events)
 	if err != nil {
 		return err

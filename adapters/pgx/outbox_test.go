@@ -363,3 +363,31 @@ func TestWritesWakeRelaysOfThePool(t *testing.T) {
 		}
 	}
 }
+
+// With SkipReadBack, Enqueue writes the rows and writes back the IDs only.
+func TestEnqueueSkipReadBack(t *testing.T) {
+	t.Parallel()
+	e := fixtures.NewPGX(t, fixtures.Options{Logger: quiet, SkipInbox: true}, pgxoutbox.Options{SkipReadBack: true})
+	ctx := t.Context()
+	evs := events(dialect.MaxInsertRows+3, "plain")
+	tx, err := e.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Box.Enqueue(ctx, tx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, ev := range evs {
+		if ev.ID == "" || ev.Seq != 0 || !ev.CreatedAt.IsZero() {
+			t.Fatalf("event %d: ID %q, Seq %d, CreatedAt %v; want an ID and nothing read back", i, ev.ID, ev.Seq, ev.CreatedAt)
+		}
+	}
+	for i, ok := range stored(t, e, evs) {
+		if !ok {
+			t.Fatalf("event %d (%s) not stored", i, evs[i].ID)
+		}
+	}
+}

@@ -737,3 +737,45 @@ func TestHostileValuesAreBound(t *testing.T) {
 		}
 	})
 }
+
+// With SkipReadBack, Enqueue writes the same rows in the same order and
+// writes back the IDs only: Seq and CreatedAt stay zero.
+func TestEnqueueSkipReadBack(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, b, sqlxoutbox.Options{SkipReadBack: true})
+			const n = dialect.MaxInsertRows + 5 // two INSERT statements
+			evs := e.enqueue(t, true, events(n, "plain", 3)...)
+			one := e.enqueue(t, true, events(1, "one", 1)...)
+			evs = append(evs, one...)
+			for i := range evs {
+				if evs[i].ID == "" || evs[i].Seq != 0 || !evs[i].CreatedAt.IsZero() {
+					t.Fatalf("event %d: ID %q, Seq %d, CreatedAt %v; want an ID and nothing read back", i, evs[i].ID, evs[i].Seq, evs[i].CreatedAt)
+				}
+			}
+			for _, i := range []int{0, n - 1, n} {
+				if got := e.get(t, evs[i].ID); got.EventType != evs[i].EventType || got.Headers["n"] != evs[i].Headers["n"] {
+					t.Errorf("event %d: stored %+v", i, got)
+				}
+			}
+			c := e.claim(t, n+1)
+			defer c.Release(context.Background())
+			got := c.Events()
+			if len(got) != n+1 {
+				t.Fatalf("claimed %d events, want %d", len(got), n+1)
+			}
+			for i := range got {
+				if got[i].ID != evs[i].ID {
+					t.Fatalf("claim %d is %s, enqueued %s: not in enqueue order", i, got[i].ID, evs[i].ID)
+				}
+			}
+			// A rolled-back transaction leaves nothing.
+			gone := e.enqueue(t, false, events(2, "gone", 1)...)
+			if _, err := e.box.Get(context.Background(), gone[0].ID); !errors.Is(err, core.ErrEventNotFound) {
+				t.Errorf("Get of a rolled-back event: %v, want ErrEventNotFound", err)
+			}
+		})
+	}
+}
