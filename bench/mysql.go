@@ -87,7 +87,7 @@ func (b *bench) mysqlScenario(ctx context.Context) ([]row, error) {
 	defer m.close(b)
 	b.mysqlServer = m.version
 	mig := dialect.MigrateOptions{SkipInbox: true, Logger: b.quiet}
-	for _, table := range []string{mysqlDrainTable, producerTable + "_" + prodPlain, producerTable + "_" + prodEnqueue, producerTable + "_" + prodOutbox} {
+	for _, table := range []string{mysqlDrainTable, producerTable + "_" + prodPlain, producerTable + "_" + prodEnqueue, producerTable + "_" + prodEnqueueSkip, producerTable + "_" + prodOutbox} {
 		mig.Table = table
 		if err := dialect.Migrate(ctx, m.db, dialect.MySQL, mig); err != nil {
 			return nil, err

@@ -151,35 +151,34 @@ func (q *Queries) Table() Identifier { return q.id }
 // returns no rows: read them back in the same transaction with
 // InsertedRows.
 func (q *Queries) Insert(events []core.Event) (string, []any, error) {
-	if len(events) == 1 && q.insertOne != "" {
-		// A producer's usual call: the statement is the same every time,
-		// only its arguments are built.
-		args, err := insertArgs(events, make([]any, 0, 6))
-		return q.insertOne, args, err
+	suffix := ""
+	if q.d.ReturnsInserted() {
+		suffix = " RETURNING id, created_at"
 	}
-	stmt, args, err := q.insertValues(events)
-	if err != nil {
-		return "", nil, err
-	}
-	if !q.d.ReturnsInserted() {
-		return stmt, args, nil
-	}
-	return q.d.rebind(stmt + " RETURNING id, created_at"), args, nil
+	return q.insert(events, q.insertOne, suffix)
 }
 
 // InsertNoReturning is Insert without "RETURNING id, created_at": for a
 // writer that does not read the rows' id and created_at back
 // (sqlxoutbox.Options.SkipReadBack). On MySQL it is Insert.
 func (q *Queries) InsertNoReturning(events []core.Event) (string, []any, error) {
-	if len(events) == 1 && q.insertOnePlain != "" {
+	return q.insert(events, q.insertOnePlain, "")
+}
+
+// insert is the INSERT of events followed by suffix; one, when set, is
+// its text for a single event.
+func (q *Queries) insert(events []core.Event, one, suffix string) (string, []any, error) {
+	if len(events) == 1 && one != "" {
+		// A producer's usual call: the statement is the same every time,
+		// only its arguments are built.
 		args, err := insertArgs(events, make([]any, 0, 6))
-		return q.insertOnePlain, args, err
+		return one, args, err
 	}
 	stmt, args, err := q.insertValues(events)
 	if err != nil {
 		return "", nil, err
 	}
-	return q.d.rebind(stmt), args, nil
+	return q.d.rebind(stmt + suffix), args, nil
 }
 
 // InsertedRows returns, on MySQL, the query of "id, created_at, event_id"

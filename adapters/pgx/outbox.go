@@ -233,6 +233,21 @@ type inserted struct {
 	created time.Time
 }
 
+// checkInserted checks that an insert of want events wrote n rows. No rows
+// can be log mode's trigger at work (the events went to the WAL, not the
+// table): then it reports logMode.
+func (o *Outbox) checkInserted(ctx context.Context, tx pgx.Tx, n, want int) (logMode bool, err error) {
+	if n == 0 {
+		if ok, err := o.logMode(ctx, tx); err != nil || ok {
+			return ok, err
+		}
+	}
+	if n != want {
+		return false, fmt.Errorf("pgxoutbox: insert of %d events wrote %d rows", want, n)
+	}
+	return false, nil
+}
+
 func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, events []core.Event) error {
 	if o.opts.SkipReadBack {
 		query, args, err := o.q.InsertNoReturning(events)
@@ -243,15 +258,8 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, events []core.Event) err
 		if err != nil {
 			return fmt.Errorf("pgxoutbox: insert %d events: %w", len(events), dialect.CheckMigrated(err, o.q.Table()))
 		}
-		if tag.RowsAffected() == 0 {
-			if ok, err := o.logMode(ctx, tx); err != nil || ok {
-				return err // log mode: the events went to the WAL, not the table
-			}
-		}
-		if n := tag.RowsAffected(); n != int64(len(events)) {
-			return fmt.Errorf("pgxoutbox: insert of %d events wrote %d rows", len(events), n)
-		}
-		return nil
+		_, err = o.checkInserted(ctx, tx, int(tag.RowsAffected()), len(events))
+		return err
 	}
 	query, args, err := o.q.Insert(events)
 	if err != nil {
@@ -270,13 +278,8 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, events []core.Event) err
 	if err != nil {
 		return fmt.Errorf("pgxoutbox: insert %d events: %w", len(events), dialect.CheckMigrated(err, o.q.Table()))
 	}
-	if len(got) == 0 {
-		if ok, err := o.logMode(ctx, tx); err != nil || ok {
-			return err // log mode: the events went to the WAL, not the table
-		}
-	}
-	if len(got) != len(events) {
-		return fmt.Errorf("pgxoutbox: insert of %d events returned %d rows", len(events), len(got))
+	if logMode, err := o.checkInserted(ctx, tx, len(got), len(events)); err != nil || logMode {
+		return err
 	}
 	// Ids are assigned in VALUES order; RETURNING order is not promised.
 	slices.SortFunc(got, func(a, b inserted) int { return cmp.Compare(a.seq, b.seq) })

@@ -443,15 +443,23 @@ func (o *Outbox) insertOnly(ctx context.Context, tx Tx, events []core.Event) err
 	if err != nil {
 		return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), err)
 	}
+	_, err = o.checkInserted(ctx, tx, int(n), len(events))
+	return err
+}
+
+// checkInserted checks that an insert of want events wrote n rows. No rows
+// on PostgreSQL can be log mode's trigger at work (the events went to the
+// WAL, not the table): then it reports logMode.
+func (o *Outbox) checkInserted(ctx context.Context, tx Tx, n, want int) (logMode bool, err error) {
 	if n == 0 && o.d == dialect.Postgres {
 		if ok, err := o.logMode(ctx, tx); err != nil || ok {
-			return err // log mode: the events went to the WAL, not the table
+			return ok, err
 		}
 	}
-	if n != int64(len(events)) {
-		return fmt.Errorf("sqlxoutbox: insert of %d events wrote %d rows", len(events), n)
+	if n != want {
+		return false, fmt.Errorf("sqlxoutbox: insert of %d events wrote %d rows", want, n)
 	}
-	return nil
+	return false, nil
 }
 
 type inserted struct {
@@ -502,13 +510,8 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, events []core.Event) error {
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
 		return fmt.Errorf("sqlxoutbox: insert %d events: %w", len(events), err)
 	}
-	if len(got) == 0 && o.d == dialect.Postgres {
-		if ok, err := o.logMode(ctx, tx); err != nil || ok {
-			return err // log mode: the events went to the WAL, not the table
-		}
-	}
-	if len(got) != len(events) {
-		return fmt.Errorf("sqlxoutbox: insert of %d events returned %d rows", len(events), len(got))
+	if logMode, err := o.checkInserted(ctx, tx, len(got), len(events)); err != nil || logMode {
+		return err
 	}
 	// Ids are assigned in VALUES order; RETURNING order is not promised.
 	slices.SortFunc(got, func(a, b inserted) int { return cmp.Compare(a.seq, b.seq) })
