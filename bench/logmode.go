@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
-	"slices"
 	"strings"
 	"time"
 
@@ -86,9 +85,6 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 		}
 	}
 	var rows0 []row
-	for _, s := range [][]float64{logRates, tableRates, rawRates, vsTable, vsRaw} {
-		slices.Sort(s)
-	}
 	backlog := count(b.c.Backlog)
 	rows0 = append(rows0,
 		row{name: fmt.Sprintf("l  log-mode drain vs table mode (batch %d, %d workers), equal %s backlog (events/s; median of rounds)", backlogBatchSize, backlogConcurrency, backlog),

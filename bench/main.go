@@ -310,8 +310,10 @@ func printTable(w io.Writer, rows []row) {
 	}
 }
 
-// median returns the median of sorted xs (0 for none).
+// median returns the median of xs (0 for none), leaving xs as it is.
 func median(xs []float64) float64 {
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
 	switch n := len(xs); {
 	case n == 0:
 		return 0
