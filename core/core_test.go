@@ -3,7 +3,10 @@ package core_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -131,5 +134,63 @@ func TestMonitorLag(t *testing.T) {
 	m2, _ := core.NewMonitor(fixedStats{Pending: 2, OldestPendingAge: time.Second}, core.MonitorOptions{Logger: quiet})
 	if _, lagging, _ := m2.Check(t.Context()); lagging {
 		t.Error("1s is not lagging")
+	}
+}
+
+// flakyStats fails the checks whose number (from 1) is in failing.
+type flakyStats struct {
+	mu      sync.Mutex
+	checks  int
+	failing func(n int) bool
+}
+
+func (s *flakyStats) Stats(context.Context) (core.Stats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.checks++
+	if s.failing(s.checks) {
+		return core.Stats{}, errors.New("connection refused")
+	}
+	return core.Stats{}, nil
+}
+
+func (s *flakyStats) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.checks
+}
+
+// An outage of the stats source logs one error when checks start failing
+// and one line when they succeed again, while OnError sees every failure.
+func TestMonitorLogsAnOutageOnce(t *testing.T) {
+	t.Parallel()
+	// Two outages: checks 2-6 and 9-11.
+	src := &flakyStats{failing: func(n int) bool { return (n >= 2 && n <= 6) || (n >= 9 && n <= 11) }}
+	var logs syncBuffer
+	var failures atomic.Int64
+	m, err := core.NewMonitor(src, core.MonitorOptions{Interval: time.Millisecond,
+		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		OnError: func(context.Context, error) { failures.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	waitFor(t, func() bool { return src.count() >= 14 }, "fourteen checks")
+	cancel()
+	<-done
+	out := logs.String()
+	if n := strings.Count(out, "level=ERROR"); n != 2 {
+		t.Errorf("%d error lines for two outages, want 2:\n%s", n, out)
+	}
+	if n := strings.Count(out, "monitor checks succeed again"); n != 2 {
+		t.Errorf("%d 'succeed again' lines for two outages, want 2:\n%s", n, out)
+	}
+	if n := strings.Count(out, "failed_checks=5"); n != 1 {
+		t.Errorf("the first outage's end does not count its 5 failed checks:\n%s", out)
+	}
+	if n := failures.Load(); n != 8 {
+		t.Errorf("OnError called %d times for 8 failed checks", n)
 	}
 }

@@ -19,6 +19,10 @@ type MonitorOptions struct {
 	OnLag func(ctx context.Context, s Stats)
 	// OnStats is called after every successful check, e.g. to set gauges.
 	OnStats func(ctx context.Context, s Stats)
+	// OnError is called after every failed check of Run, e.g. to count
+	// failures; Run itself logs only the first of a run of failures and
+	// the check that ends it.
+	OnError func(ctx context.Context, err error)
 	// Logger receives warnings. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -72,14 +76,35 @@ func (m *Monitor) Check(ctx context.Context) (Stats, bool, error) {
 	return s, lagging, nil
 }
 
-// Run checks every Interval until ctx is cancelled. Read errors are logged
-// and the next check tries again.
+// Run checks every Interval until ctx is cancelled. A failed check is
+// retried at the next tick. An outage of the database logs two lines, one
+// error when checks start failing and one when they succeed again, not one
+// per Interval; the failures in between go to OnError and the debug log.
 func (m *Monitor) Run(ctx context.Context) error {
 	t := time.NewTicker(m.opts.Interval)
 	defer t.Stop()
+	var failing time.Time // when the current run of failures began
+	failures := 0
 	for {
-		if _, _, err := m.Check(ctx); err != nil && ctx.Err() == nil {
-			m.opts.Logger.Error("txoutbox: monitor check failed", "error", err)
+		_, _, err := m.Check(ctx)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			failures++
+			if m.opts.OnError != nil {
+				m.opts.OnError(ctx, err)
+			}
+			if failures == 1 {
+				failing = time.Now()
+				m.opts.Logger.Error("txoutbox: monitor check failed; retrying every interval (logged once until a check succeeds)",
+					"error", err, "interval", m.opts.Interval)
+			} else {
+				m.opts.Logger.Debug("txoutbox: monitor check failed again", "error", err)
+			}
+		case failures > 0:
+			m.opts.Logger.Info("txoutbox: monitor checks succeed again",
+				"after", time.Since(failing).Round(time.Millisecond), "failed_checks", failures)
+			failures = 0
 		}
 		select {
 		case <-ctx.Done():

@@ -86,6 +86,7 @@ type Metrics struct {
 	threshold        prometheus.Gauge
 	lagging          prometheus.Gauge
 	statsTime        prometheus.Gauge
+	statsFailures    prometheus.Counter
 
 	inboxDuplicates *prometheus.CounterVec
 
@@ -162,15 +163,17 @@ func New(opts Options) (*Metrics, error) {
 		threshold:        gauge("lag_threshold_seconds", "Oldest-pending age above which the outbox counts as lagging."),
 		lagging:          gauge("lagging", "1 when the oldest pending event is older than lag_threshold_seconds at the last stats check, else 0."),
 		statsTime:        gauge("stats_last_success_timestamp_seconds", "Unix time of the last successful stats check; alert when it stops moving."),
-		inboxDuplicates:  counter("inbox_duplicates_total", "Deliveries the inbox absorbed because their event was already processed, by consumer.", "consumer"),
-		seenTypes:        map[string]bool{},
+		statsFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "stats_check_failures_total",
+			Help: "Stats checks of the monitor that failed (the database unreachable, say); the log has one line per run of failures.", ConstLabels: cl}),
+		inboxDuplicates: counter("inbox_duplicates_total", "Deliveries the inbox absorbed because their event was already processed, by consumer.", "consumer"),
+		seenTypes:       map[string]bool{},
 	}
 	m.threshold.Set(opts.LagThreshold.Seconds())
 	m.collectors = []prometheus.Collector{
 		m.published, m.failed, m.dead, m.batches, m.claimed, m.released,
 		m.publishDuration, m.claimDuration, m.markDuration, m.lag,
 		m.pending, m.oldestPendingAge, m.deadEvents, m.pendingByType, m.oldestByType, m.deadByType,
-		m.threshold, m.lagging, m.statsTime, m.inboxDuplicates,
+		m.threshold, m.lagging, m.statsTime, m.statsFailures, m.inboxDuplicates,
 	}
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(m); err != nil {
@@ -197,16 +200,23 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 // LagThreshold returns the threshold the lagging gauge uses.
 func (m *Metrics) LagThreshold() time.Duration { return m.lagThreshold }
 
-// MonitorOptions returns base with LagThreshold set to the Metrics' threshold
-// and OnStats extended to call ObserveStats, so that the monitor's warning
-// log and the lagging gauge never disagree.
+// MonitorOptions returns base with LagThreshold set to the Metrics' threshold,
+// OnStats extended to call ObserveStats, so that the monitor's warning log
+// and the lagging gauge never disagree, and OnError extended to count failed
+// checks (stats_check_failures_total).
 func (m *Metrics) MonitorOptions(base core.MonitorOptions) core.MonitorOptions {
 	base.LagThreshold = m.lagThreshold
-	prev := base.OnStats
+	prevStats, prevErr := base.OnStats, base.OnError
 	base.OnStats = func(ctx context.Context, s core.Stats) {
 		m.ObserveStats(ctx, s)
-		if prev != nil {
-			prev(ctx, s)
+		if prevStats != nil {
+			prevStats(ctx, s)
+		}
+	}
+	base.OnError = func(ctx context.Context, err error) {
+		m.statsFailures.Inc()
+		if prevErr != nil {
+			prevErr(ctx, err)
 		}
 	}
 	return base

@@ -470,3 +470,51 @@ func counterOf(t *testing.T, reg *prometheus.Registry, name, consumer string) pr
 	t.Fatalf("no %s{consumer=%q}", name, consumer)
 	return nil
 }
+
+// Failed checks of a monitor run count in stats_check_failures_total, and
+// the caller's own OnError still runs.
+func TestStatsCheckFailuresCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(metrics.Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	checks, userHook := 0, 0
+	src := statsFunc(func(context.Context) (core.Stats, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		checks++
+		if checks <= 3 {
+			return core.Stats{}, errors.New("connection refused")
+		}
+		return core.Stats{}, nil
+	})
+	mon, err := core.NewMonitor(src, m.MonitorOptions(core.MonitorOptions{Logger: quiet, Interval: time.Millisecond,
+		OnError: func(context.Context, error) { mu.Lock(); userHook++; mu.Unlock() }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- mon.Run(ctx) }()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := checks
+		mu.Unlock()
+		if n >= 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the monitor did not check 5 times in 5s")
+		}
+	}
+	cancel()
+	<-done
+	if got := value(t, reg, "txoutbox_stats_check_failures_total"); got != 3 {
+		t.Errorf("stats_check_failures_total %v, want 3", got)
+	}
+	if userHook != 3 {
+		t.Errorf("the caller's OnError ran %d times, want 3", userHook)
+	}
+}
