@@ -6,6 +6,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 
+# Before anything slow: no binary or file over 1 MB is tracked.
+scripts/check-tree.sh
 scripts/services.sh start
 # shellcheck disable=SC1091
 . .services/env
