@@ -402,7 +402,7 @@ func TestConsoleRefusals(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Errorf("an action on a read-only console: %d, want 403", resp.StatusCode)
 	}
-	if _, err := console.New(o.box, console.Options{BasicAuth: "nocolon"}); !errors.Is(err, console.ErrInvalidOptions) {
+	if _, err := console.New(o.box, console.Options{BasicAuth: "nocolon"}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("BasicAuth without a colon: %v", err)
 	}
 }

@@ -23,7 +23,6 @@ import (
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -69,9 +68,6 @@ type InboxReader interface {
 	Consumers(ctx context.Context) ([]sqlinbox.ConsumerStats, error)
 	ProcessedBy(ctx context.Context, eventID string) (map[string]time.Time, error)
 }
-
-// ErrInvalidOptions is wrapped by New's refusals of its options.
-var ErrInvalidOptions = errors.New("console: invalid options")
 
 // Options configures a Console. Zero fields take their defaults.
 type Options struct {
@@ -135,20 +131,20 @@ var assets embed.FS
 // New returns the console of store.
 func New(store Store, opts Options) (*Console, error) {
 	if store == nil {
-		return nil, fmt.Errorf("%w: New needs a store", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: console.New needs a store", core.ErrInvalidOptions)
 	}
 	if opts.BasicAuth != "" && !strings.Contains(opts.BasicAuth, ":") {
-		return nil, fmt.Errorf("%w: BasicAuth wants user:password", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: console BasicAuth wants user:password", core.ErrInvalidOptions)
 	}
 	if opts.LagThreshold < 0 || opts.SampleInterval < 0 {
-		return nil, fmt.Errorf("%w: negative LagThreshold or SampleInterval", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: console: negative LagThreshold or SampleInterval", core.ErrInvalidOptions)
 	}
 	if opts.Title == "" {
 		opts.Title = "outbox"
 	}
 	opts.Prefix = strings.TrimSuffix(opts.Prefix, "/")
 	if opts.Prefix != "" && !strings.HasPrefix(opts.Prefix, "/") {
-		return nil, fmt.Errorf("%w: Prefix %q must start with /", ErrInvalidOptions, opts.Prefix)
+		return nil, fmt.Errorf("%w: console Prefix %q must start with /", core.ErrInvalidOptions, opts.Prefix)
 	}
 	if opts.LagThreshold == 0 {
 		opts.LagThreshold = time.Minute
