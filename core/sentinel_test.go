@@ -12,8 +12,8 @@ import (
 
 // No package of the module declares a sentinel of its own under the name
 // of one of core's: one sentinel per meaning, wrapped (%w) where it is
-// returned, so that errors.Is(err, core.ErrX) holds whichever package
-// refused.
+// returned, so that errors.Is(err, core.ErrInvalidOptions) holds whichever
+// package refused.
 func TestOneSentinelPerMeaning(t *testing.T) {
 	t.Parallel()
 	coreNames := exportedErrVars(t, ".")

@@ -24,9 +24,10 @@
 //
 //   - NewMiddleware turns any core.Inbox into a Watermill
 //     message.HandlerMiddleware for a router.
-//   - NewSQL is the core.Inbox on database/sql (*sql.DB, *sqlx.DB); handlers
-//     reach the transaction with Tx or Txx. Package gorminbox is the same on
-//     GORM, in its own package so that sqlx users do not compile GORM.
+//   - sqlinbox.New is the core.Inbox on database/sql (*sql.DB, *sqlx.DB);
+//     handlers reach the transaction with sqlinbox.Tx or sqlinbox.Txx.
+//     gorminbox.New is the same on GORM and pgxinbox.New on pgx, each in
+//     its own package so that sqlx users do not compile GORM or pgx.
 //   - Cleanup and RunCleanup delete old records in bounded batches.
 //
 // The ID a consumer dedups on must be stable across redeliveries: that is

@@ -178,7 +178,7 @@ type Outbox struct {
 	wake   *core.Signal
 	// claims opens and finishes the relay's claims (claim.go).
 	claims *sqlclaim.Claimer
-	// native: claims run on pgx's connections (sqlclaim.QueryMarkedNative).
+	// native: claims run on pgx's connections ((*sqlclaim.Claimer).QueryMarkedNative).
 	native bool
 	// partitionLocks holds the partition counts whose lock rows exist
 	// (MySQL: ensurePartitionLocks).

@@ -12,7 +12,7 @@
 //
 //	go run ./examples/inventory-consumer -demo
 //
-// The handler writes through the inbox's transaction (inbox.Txx), so the
+// The handler writes through the inbox's transaction (sqlinbox.Txx), so the
 // stock update and the record of the event commit together: a crash between
 // them is impossible, and a redelivered event is acked without touching the
 // stock again.
