@@ -162,7 +162,7 @@ func (s *flakyStats) count() int {
 
 // An outage of the stats source logs one error when checks start failing
 // and one line when they succeed again, while OnError sees every failure.
-func TestMonitorLogsAnOutageOnce(t *testing.T) {
+func TestMonitorLogsFailuresOnce(t *testing.T) {
 	t.Parallel()
 	// Two outages: checks 2-6 and 9-11.
 	src := &flakyStats{failing: func(n int) bool { return (n >= 2 && n <= 6) || (n >= 9 && n <= 11) }}

@@ -96,7 +96,7 @@ func (w *syncBuffer) String() string {
 
 // A broker outage writes a line when it starts and one when it ends, and a
 // failed batch one line, not one per event; a database outage likewise.
-func TestOutagesLogStateChangesNotEveryFailure(t *testing.T) {
+func TestDownAndBackLoggedOncePerState(t *testing.T) {
 	t.Parallel()
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
