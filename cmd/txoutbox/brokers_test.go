@@ -56,6 +56,7 @@ func receive(t *testing.T, sub message.Subscriber, topic string, n int) (map[str
 // TestRelayToRabbitMQ runs the relay against the real RabbitMQ, and follows
 // a trace from the producer, through the relay's headers, to the consumer.
 func TestRelayToRabbitMQ(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	amqpURL := testenv.AMQPURL(t)
 	eventType := "cli.rabbit." + testenv.RandomSuffix()
@@ -131,6 +132,7 @@ func enqueueWith(t *testing.T, ctx context.Context, db *sql.DB, ob *sqlxoutbox.O
 // TestRelayToKafka runs the relay against an in-process Kafka (kfake, a real
 // Kafka protocol server) and reads the events back with a consumer group.
 func TestRelayToKafka(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(2),
 		kfake.GroupMinSessionTimeout(time.Second))
@@ -167,6 +169,7 @@ func TestRelayToKafka(t *testing.T) {
 // TestRelayToSNS runs the relay against the SNS emulator: the topic is
 // created and every event is accepted before it is marked published.
 func TestRelayToSNS(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	endpoint := testenv.SNSEndpoint(t)
 	evs := f.enqueue(t, "cli_sns_"+testenv.RandomSuffix(), "1", 3)

@@ -193,6 +193,7 @@ func idSet(evs []core.Event) map[string]bool {
 }
 
 func TestMigrate(t *testing.T) {
+	t.Parallel()
 	dsn := testenv.PostgresDSN(t)
 	// The DSN from the environment, as in a container.
 	r := run(t, "", []string{"TXOUTBOX_DSN=" + dsn}, "migrate")
@@ -230,6 +231,7 @@ func TestMigrate(t *testing.T) {
 }
 
 func TestSQLite(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "app.db")
 	dsn := "sqlite:" + path
 	ok(t, dsn, "migrate")
@@ -308,6 +310,7 @@ func cliFlow(t *testing.T, name string, db *sql.DB, dsn, relayDSN string) {
 }
 
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		env  []string
@@ -344,6 +347,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestStats(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.enqueue(t, "order.created", "1", 3)
 	f.enqueue(t, "order.paid", "1", 2)
@@ -391,6 +395,7 @@ func TestStats(t *testing.T) {
 // The relay drains everything, with its marks committed asynchronously (the
 // default) and with --sync-mark.
 func TestRelayDrainPublishesEverything(t *testing.T) {
+	t.Parallel()
 	for _, extra := range [][]string{nil, {"--sync-mark"}} {
 		t.Run(fmt.Sprint(extra), func(t *testing.T) {
 			f := newFixture(t)
@@ -418,6 +423,7 @@ func TestRelayDrainPublishesEverything(t *testing.T) {
 }
 
 func TestDeadListRetryPurge(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	paid := f.enqueue(t, "order.paid", "1", 3)
 	f.enqueue(t, "order.created", "2", 2)
@@ -512,6 +518,7 @@ func TestDeadListRetryPurge(t *testing.T) {
 }
 
 func TestReplay(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a1 := f.enqueue(t, "order.created", "a1", 2)
 	a2 := f.enqueue(t, "order.paid", "a2", 3)
@@ -551,6 +558,7 @@ func TestReplay(t *testing.T) {
 }
 
 func TestCleanupWithProgress(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.enqueue(t, "order.created", "1", 7)
 	f.enqueue(t, "order.created", "1", 1)
@@ -667,6 +675,7 @@ func exitCode(t *testing.T, cmd *exec.Cmd, d time.Duration) int {
 }
 
 func TestPartitionedMigrateAndCleanup(t *testing.T) {
+	t.Parallel()
 	dsn := testenv.PostgresDSN(t)
 	r := ok(t, dsn, "migrate", "--partitioned", "--partitions-ahead", "3")
 	if !strings.Contains(r.stdout, "migrated") {

@@ -14,6 +14,7 @@ import (
 )
 
 func TestParseDSN(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		dsn, driver, source, dialect string
 	}{
@@ -45,6 +46,7 @@ func TestParseDSN(t *testing.T) {
 }
 
 func TestParseTime(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	for in, want := range map[string]time.Time{
 		"24h":                  now.Add(-24 * time.Hour),
@@ -61,6 +63,7 @@ func TestParseTime(t *testing.T) {
 }
 
 func TestSink(t *testing.T) {
+	t.Parallel()
 	u, _ := url.Parse("log://?fail_types=b,c&delay=30ms")
 	var out strings.Builder
 	s, err := newSink(u, &out, slog.New(slog.DiscardHandler))
@@ -95,6 +98,7 @@ func TestSink(t *testing.T) {
 }
 
 func TestOpenBrokerUsage(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []string{"", "rabbit", "nats://x", "kafka://", "kafka://h:9092?acks=1", "sns://?colour=red"} {
 		if _, err := openBroker(context.Background(), bad, io.Discard, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrUsage) {
 			t.Errorf("openBroker(%q): %v, want ErrUsage", bad, err)

@@ -70,6 +70,7 @@ func healthz(t *testing.T, addr string) (int, healthReport) {
 // event printed must be marked published exactly once, and the next relay
 // must publish exactly the rest.
 func TestRelayMetricsAndGracefulShutdown(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	const total = 60
 	evs := f.enqueue(t, "order.created", "1", total)
@@ -189,6 +190,7 @@ func TestRelayMetricsAndGracefulShutdown(t *testing.T) {
 // "stopping" once shutdown began, 503 "unavailable" without the database,
 // and nothing but the status in the body, whose reasons go to the log.
 func TestHealthzTurnsUnavailableWhenStopping(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
 	db, err := openDatabase(ctx, f.dsn)
@@ -246,6 +248,7 @@ func TestHealthzTurnsUnavailableWhenStopping(t *testing.T) {
 // TestSeveralRelays runs two relay processes with two workers each against
 // one table: SKIP LOCKED claims must give every event to exactly one of them.
 func TestSeveralRelays(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	const total = 300
 	evs := f.enqueue(t, "order.created", "1", total/2)
@@ -286,6 +289,7 @@ func TestSeveralRelays(t *testing.T) {
 // fails its first attempt: each aggregate's events must still reach the
 // broker in the order they were written, whichever relay sends them.
 func TestOrderedRelays(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t) // the default migration: ordered mode needs nothing more
 	const aggs, perAgg = 6, 10
 	var all []core.Event
@@ -359,6 +363,7 @@ func TestOrderedRelays(t *testing.T) {
 // --shutdown-timeout the batch is given back unmarked, and the next relay
 // publishes it.
 func TestShutdownTimeoutReleasesTheBatch(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	evs := f.enqueue(t, "order.created", "1", 5)
 	cmd, stdout, stderr, addr := startRelay(t, f.dsn, "--broker", "log://?delay=1h", "--shutdown-timeout", "200ms")
@@ -387,6 +392,7 @@ func TestShutdownTimeoutReleasesTheBatch(t *testing.T) {
 // holds the batch; after --publish-timeout its events are failed, with the
 // timeout named, and wait out their backoff.
 func TestPublishTimeoutFailsAHungBatch(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	evs := f.enqueue(t, "order.created", "1", 5)
 	r := ok(t, f.dsn, "relay", "--broker", "log://?delay=1h", "--publish-timeout", "200ms", "--initial-backoff", "1h", "--drain", "--http-addr", "")

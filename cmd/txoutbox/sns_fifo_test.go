@@ -8,6 +8,7 @@ import (
 )
 
 func TestOpenSNSFIFOOnly(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
 	for url, want := range map[string]bool{
