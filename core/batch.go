@@ -1,0 +1,264 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ProcessBatch claims one batch, publishes it and records the outcome. It is
+// what each worker of Run does in a loop; tests and tools call it directly.
+// If ctx is cancelled after the claim, the batch still finishes within
+// ShutdownTimeout.
+//
+// In ordered mode the batch comes from the partitions the relay holds (all
+// of its workers' partitions) and is published in aggregate order.
+func (r *Relay) ProcessBatch(ctx context.Context) (BatchResult, error) {
+	return r.processBatch(ctx, -1)
+}
+
+func (r *Relay) processBatch(ctx context.Context, worker int) (BatchResult, error) {
+	if err := ctx.Err(); err != nil {
+		return BatchResult{}, err
+	}
+	req := ClaimRequest{Limit: r.opts.BatchSize}
+	if r.ordered {
+		oc, ok := r.orderedRequest(worker)
+		if !ok {
+			return BatchResult{idle: true}, nil // no partitions held (yet)
+		}
+		req.Ordered = oc
+	}
+	claim, err := r.store.Claim(ctx, req)
+	if err != nil {
+		return BatchResult{}, fmt.Errorf("txoutbox: claim: %w", err)
+	}
+	events := claim.Events()
+	if len(events) == 0 {
+		return BatchResult{}, r.release(claim)
+	}
+	r.batches.Add(1)
+
+	// The batch outlives a cancelled ctx by at most ShutdownTimeout, so that
+	// a shutdown does not turn a successful publish into a duplicate.
+	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.opts.ShutdownTimeout, cancel)
+		context.AfterFunc(bctx, func() { t.Stop() })
+	})
+	defer stop()
+
+	var (
+		out Outcome
+		res BatchResult
+		rep batchReport
+		cut bool
+	)
+	if r.ordered {
+		out, res, rep, cut = r.publishOrdered(bctx, events)
+	} else {
+		pctx, done := r.publishContext(bctx, len(events))
+		pubErr := r.publish(pctx, events)
+		timedOut := done()
+		cut = bctx.Err() != nil
+		if !cut {
+			out, res, rep = r.outcome(events, pubErr, timedOut)
+		}
+	}
+	if cut {
+		// Cut off by shutdown: outcomes are unknown, so mark nothing.
+		r.released.Add(int64(len(events)))
+		r.log.Warn("txoutbox: shutdown cut a batch off; it will be published again", "events", len(events))
+		return BatchResult{Claimed: len(events)}, r.release(claim)
+	}
+	if err := claim.Commit(bctx, out); err != nil {
+		// Published but not marked: the claim is gone with its transaction,
+		// so the batch is published again. The inbox absorbs the duplicates.
+		return BatchResult{Claimed: len(events)}, fmt.Errorf("txoutbox: record outcome of %d events: %w", len(events), err)
+	}
+	r.logBatch(res, rep)
+	r.published.Add(int64(res.Published))
+	r.failed.Add(int64(res.Failed))
+	r.dead.Add(int64(res.DeadLettered))
+	return res, nil
+}
+
+func (r *Relay) release(c Claim) error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.opts.ShutdownTimeout)
+	defer cancel()
+	if err := c.Release(ctx); err != nil && !errors.Is(err, ErrClaimDone) {
+		return fmt.Errorf("txoutbox: release claim: %w", err)
+	}
+	return nil
+}
+
+// publish calls the publisher and turns a panic into an error of the batch,
+// so that a buggy publisher cannot take the relay down.
+func (r *Relay) publish(ctx context.Context, events []Event) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("txoutbox: publisher panicked: %v", p)
+		}
+	}()
+	return r.pub.Publish(ctx, events)
+}
+
+// publishContext returns the context a batch of n events is published with
+// (ctx bounded by PublishTimeout) and a function to call once the publisher
+// returned, which reports whether the timeout had run out.
+func (r *Relay) publishContext(ctx context.Context, n int) (context.Context, func() bool) {
+	d := r.opts.PublishTimeout
+	if d <= 0 {
+		return ctx, func() bool { return false }
+	}
+	pctx, cancel := context.WithTimeoutCause(ctx, d, ErrPublishTimeout)
+	start := time.Now()
+	// A publisher should return soon after its context ends; one that does
+	// not holds the claim regardless, and the operator should hear of it.
+	overrun := time.AfterFunc(d+time.Second+d/2, func() {
+		r.log.Warn("txoutbox: publisher has not returned long after its context ended; it ignores the context, and the batch's rows stay locked until it returns",
+			"events", n, "publish_timeout", d, "running_for", time.Since(start).Round(time.Millisecond))
+	})
+	return pctx, func() bool {
+		overrun.Stop()
+		timedOut := publishTimedOut(pctx)
+		cancel()
+		return timedOut
+	}
+}
+
+// publishTimedOut reports whether pctx, from publishContext, ended because
+// PublishTimeout ran out (not because the relay is shutting down).
+func publishTimedOut(pctx context.Context) bool {
+	return errors.Is(context.Cause(pctx), ErrPublishTimeout)
+}
+
+// batchReport gathers what the relay logs about one batch's failures, so
+// that a batch writes one line, not one per event.
+type batchReport struct {
+	failed, dead, permanent int
+	first                   *Event
+	firstErr                string
+	firstRetry              time.Duration
+	deadIDs                 []string
+}
+
+func (b *batchReport) add(ev *Event, f Failure, permanent bool) {
+	b.failed++
+	if permanent {
+		b.permanent++
+	}
+	if f.Dead {
+		b.dead++
+		if len(b.deadIDs) < 10 {
+			b.deadIDs = append(b.deadIDs, ev.ID)
+		}
+	}
+	if b.first == nil {
+		b.first, b.firstErr, b.firstRetry = ev, f.Err, f.RetryIn
+	}
+}
+
+func (b *batchReport) merge(o batchReport) {
+	if b.first == nil {
+		b.first, b.firstErr, b.firstRetry = o.first, o.firstErr, o.firstRetry
+	}
+	b.failed += o.failed
+	b.dead += o.dead
+	b.permanent += o.permanent
+	b.deadIDs = append(b.deadIDs, o.deadIDs[:min(len(o.deadIDs), max(10-len(b.deadIDs), 0))]...)
+}
+
+// log writes the batch's failures as at most two lines, and the broker's
+// state changes: a batch that published nothing and failed for reasons that
+// pass marks the broker down; one that published something marks it back.
+func (r *Relay) logBatch(res BatchResult, b batchReport) {
+	switch {
+	case res.Published > 0:
+		if r.brokerDown.CompareAndSwap(true, false) {
+			r.log.Info("txoutbox: the broker takes events again")
+		}
+	case b.failed > b.permanent:
+		if r.brokerDown.CompareAndSwap(false, true) {
+			r.log.Warn("txoutbox: the broker took no event of the batch; retrying with backoff (logged once until it takes events again)",
+				"events", res.Claimed, "first_error", b.firstErr)
+		}
+	}
+	if b.first == nil {
+		return
+	}
+	attrs := []any{"failed", b.failed, "claimed", res.Claimed,
+		"first_event_id", b.first.ID, "first_event_type", b.first.EventType, "first_error", b.firstErr}
+	if b.failed > b.dead {
+		if r.brokerDown.Load() && res.Published == 0 {
+			r.log.Debug("txoutbox: publish failed; will retry", append(attrs, "retry_in", b.firstRetry)...)
+		} else {
+			r.log.Warn("txoutbox: publish failed; will retry", append(attrs, "retry_in", b.firstRetry)...)
+		}
+	}
+	if b.dead > 0 {
+		r.log.Error("txoutbox: events dead-lettered (kept; re-queue with txoutbox dead retry)",
+			"dead_lettered", b.dead, "permanent", b.permanent, "event_ids", b.deadIDs, "first_error", b.firstErr)
+	}
+}
+
+// outcome turns the publisher's error into the outcome of events: an error
+// marked Permanent dead-letters its event at once; any other is retried
+// after its backoff until the attempts run out.
+func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, BatchResult, batchReport) {
+	errs := EventErrors(pubErr, len(events))
+	if timedOut {
+		for i, err := range errs {
+			if errors.Is(err, context.DeadlineExceeded) {
+				errs[i] = fmt.Errorf("%w after %s: %w", ErrPublishTimeout, r.opts.PublishTimeout, err)
+			}
+		}
+	}
+	res := BatchResult{Claimed: len(events)}
+	var rep batchReport
+	out := Outcome{Published: make([]int64, 0, len(events))}
+	for i := range events {
+		ev := &events[i]
+		if errs[i] == nil {
+			out.Published = append(out.Published, ev.Seq)
+			continue
+		}
+		attempts := ev.AttemptCount + 1
+		permanent := IsPermanent(errs[i])
+		f := Failure{
+			Seq:     ev.Seq,
+			Err:     truncateError(errs[i], r.opts.MaxErrorLength),
+			RetryIn: r.opts.Retry.Backoff(attempts),
+			Dead:    permanent || r.opts.Retry.Exhausted(attempts),
+		}
+		out.Failed = append(out.Failed, f)
+		res.Failed++
+		if f.Dead {
+			res.DeadLettered++
+		}
+		rep.add(ev, f, permanent)
+		r.log.Debug("txoutbox: publish failed", "event_id", ev.ID, "seq", ev.Seq, "event_type", ev.EventType,
+			"aggregate_id", ev.AggregateID, "attempt", attempts, "dead", f.Dead, "permanent", permanent, "error", f.Err)
+	}
+	res.Published = len(out.Published)
+	return out, res, rep
+}
+
+// Drain processes batches until a claim comes back empty or ctx ends, and
+// returns the totals. It is meant for tests, tools and benchmarks; events
+// that are in backoff are not waited for.
+func (r *Relay) Drain(ctx context.Context) (BatchResult, error) {
+	var total BatchResult
+	for {
+		res, err := r.ProcessBatch(ctx)
+		total.Claimed += res.Claimed
+		total.Published += res.Published
+		total.Failed += res.Failed
+		total.DeadLettered += res.DeadLettered
+		if err != nil || res.Claimed == 0 {
+			return total, err
+		}
+	}
+}

@@ -1,0 +1,249 @@
+package logrelay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/logstream"
+)
+
+// classify judges the error that ended a session: no slot or an
+// invalidated one cannot be streamed; a slot in use (55006) is another
+// relay's; anything else is a lost connection.
+func classify(err error) (logstream.Verdict, string) {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, ErrNoSlot), errors.Is(err, ErrSlotInvalidated):
+		return logstream.Fatal, ""
+	case errors.As(err, &pgErr) && pgErr.Code == "55006":
+		return logstream.Standby, pgErr.Message
+	}
+	return logstream.Lost, ""
+}
+
+// session streams once: from connecting to the first error.
+func (r *Relay) session(ctx context.Context, started func()) error {
+	var start pglogrepl.LSN
+	var walStatus string
+	err := r.pool.QueryRow(ctx, "SELECT confirmed_flush_lsn::text, coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", r.names.slot).
+		Scan(&start, &walStatus)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %s (create it with txoutbox log create)", ErrNoSlot, r.names.slot)
+	}
+	if err != nil {
+		return err
+	}
+	if walStatus == "lost" {
+		return fmt.Errorf("%w: slot %s (wal_status lost): events written while it fell behind may be missing", ErrSlotInvalidated, r.names.slot)
+	}
+	conn, err := pgconn.ConnectConfig(ctx, r.repl)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	err = pglogrepl.StartReplication(ctx, conn, r.names.slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.names.pub + "'", "messages 'true'"},
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55000" {
+			return fmt.Errorf("%w: %s", ErrSlotInvalidated, pgErr.Message)
+		}
+		if errors.As(err, &pgErr) && pgErr.Code == "42704" {
+			return fmt.Errorf("%w: %s", ErrNoSlot, pgErr.Message)
+		}
+		return err
+	}
+	r.stream.Started(uint64(start))
+	started()
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	items := make(chan logstream.Item, 256)
+	var wg sync.WaitGroup
+	var pubErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if pubErr = r.stream.Publish(sctx, items); pubErr != nil {
+			cancel()
+		}
+	}()
+	recvErr := r.receive(sctx, conn, items)
+	cancel()
+	wg.Wait()
+	if pubErr != nil {
+		return pubErr
+	}
+	return recvErr
+}
+
+// receive reads the stream, decodes the outbox's messages into items, and
+// reports the confirmed position to the server.
+func (r *Relay) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- logstream.Item) error {
+	var (
+		cur        *logstream.Item // the transaction being read
+		sent       = r.stream.Confirmed()
+		lastServer = time.Now()
+		nextStatus time.Time
+	)
+	status := func(ask bool) error {
+		pos := r.stream.Confirmed()
+		if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+			WALWritePosition: pglogrepl.LSN(pos), ReplyRequested: ask,
+		}); err != nil {
+			return err
+		}
+		if pos != sent {
+			r.stream.Confirmation()
+		}
+		sent = pos
+		return nil
+	}
+	// push hands it to the publisher; the server keeps hearing from the
+	// relay while the publisher is busy.
+	push := func(it logstream.Item) error {
+		for {
+			select {
+			case out <- it:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+				if err := status(false); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for {
+		now := time.Now()
+		if now.After(nextStatus) || r.stream.Confirmed() != sent {
+			ask := now.After(nextStatus)
+			if err := status(ask); err != nil {
+				return err
+			}
+			if ask {
+				nextStatus = now.Add(time.Second)
+			}
+		}
+		if now.Sub(lastServer) > r.opts.ServerTimeout {
+			return fmt.Errorf("logrelay: the server sent nothing for %s", now.Sub(lastServer).Round(time.Millisecond))
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		msg, err := conn.ReceiveMessage(rctx)
+		rcancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(m)
+		case *pgproto3.CopyData:
+			lastServer = time.Now()
+			if len(m.Data) == 0 {
+				continue
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return err
+				}
+				if ka.ReplyRequested {
+					if err := status(false); err != nil {
+						return err
+					}
+				}
+				// Between transactions everything before the server's
+				// position was sent: confirm it once what came before is
+				// handled, so that an idle outbox does not hold WAL back.
+				if cur == nil {
+					if err := push(logstream.Item{End: uint64(ka.ServerWALEnd)}); err != nil {
+						return err
+					}
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return err
+				}
+				lm, err := pglogrepl.Parse(xld.WALData)
+				if err != nil {
+					continue // a message kind log mode has no use for
+				}
+				switch v := lm.(type) {
+				case *pglogrepl.BeginMessage:
+					cur = &logstream.Item{Commit: v.CommitTime}
+				case *pglogrepl.LogicalDecodingMessage:
+					if cur == nil || !v.Transactional || v.Prefix != r.names.prefix {
+						continue
+					}
+					ev, err := decodeEvent(v.Content)
+					if err != nil {
+						// A row the trigger wrote cannot fail to decode;
+						// stopping here keeps it in the slot for a fix.
+						return fmt.Errorf("logrelay: decode event at %s: %w", v.LSN, err)
+					}
+					cur.Events = append(cur.Events, ev)
+				case *pglogrepl.CommitMessage:
+					if cur == nil {
+						continue
+					}
+					it := *cur
+					cur = nil
+					it.End = uint64(v.TransactionEndLSN)
+					r.stream.Received(it)
+					if err := push(it); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+}
+
+// header is the first line of a message: the event's fields but its
+// payload (see messagePrefix).
+type header struct {
+	ID            int64             `json:"id"`
+	EventID       string            `json:"event_id"`
+	AggregateType string            `json:"aggregate_type"`
+	AggregateID   string            `json:"aggregate_id"`
+	EventType     string            `json:"event_type"`
+	Headers       map[string]string `json:"headers"`
+	CreatedAt     time.Time         `json:"created_at"`
+}
+
+func decodeEvent(b []byte) (core.Event, error) {
+	line, payload, ok := bytes.Cut(b, []byte{'\n'})
+	if !ok {
+		return core.Event{}, errors.New("no newline between the header and the payload")
+	}
+	var h header
+	if err := json.Unmarshal(line, &h); err != nil {
+		return core.Event{}, err
+	}
+	return core.Event{
+		Seq: h.ID, ID: h.EventID, AggregateType: h.AggregateType, AggregateID: h.AggregateID,
+		EventType: h.EventType, Payload: bytes.Clone(payload), Headers: h.Headers,
+		CreatedAt: h.CreatedAt, NextAttemptAt: h.CreatedAt,
+	}, nil
+}
