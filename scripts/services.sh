@@ -124,6 +124,15 @@ max_connections = 600
 innodb_buffer_pool_size = 256M
 innodb_flush_log_at_trx_commit = 1
 log-error = $dir/error.log
+# The binlog, as production MySQL and MariaDB keep it for replicas and
+# point-in-time recovery: log mode (binlogrelay) streams it, and table mode
+# wakes its relay from it. Rows, full images, with the columns' names.
+log-bin = $dir/binlog
+binlog_format = ROW
+binlog_row_image = FULL
+binlog_row_metadata = FULL
+server_id = 1
+expire_logs_days = 1
 CONF
 	mariadb-install-db --defaults-file="$dir/my.cnf" --auth-root-authentication-method=socket >"$SVC/mariadb-install.log" 2>&1
 	(exec nohup /usr/sbin/mariadbd --defaults-file="$dir/my.cnf" >"$dir/stdout.log" 2>&1 </dev/null) &
@@ -143,6 +152,10 @@ CONF
 	# throwaway databases.
 	mariadb --socket="$sock" -uroot -e "CREATE USER IF NOT EXISTS 'txoutbox'@'127.0.0.1' IDENTIFIED BY 'test-pw';
 GRANT ALL PRIVILEGES ON *.* TO 'txoutbox'@'127.0.0.1' WITH GRANT OPTION;" >&2
+	# Log mode's least privileges (docs/mysql.md): the binlog's, and the
+	# outbox database's rows; binlogrelay's tests use this user.
+	mariadb --socket="$sock" -uroot -e "CREATE USER IF NOT EXISTS 'txoutbox_log'@'127.0.0.1' IDENTIFIED BY 'test-pw';
+GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO 'txoutbox_log'@'127.0.0.1';" >&2
 	log "mariadb $(mariadb --socket="$sock" -uroot -N -e 'SELECT VERSION()') up on 127.0.0.1:$MARIADB_PORT"
 }
 

@@ -55,6 +55,10 @@ innodb_buffer_pool_size = 64M
 innodb_log_file_size = 48M
 innodb_flush_log_at_trx_commit = 1
 log-error = %[1]s/error.log
+log-bin = %[1]s/binlog
+binlog_format = ROW
+binlog_row_metadata = FULL
+server_id = 1
 `, dir, m.port)
 	if os.Geteuid() == 0 {
 		conf += "user = root\n"
