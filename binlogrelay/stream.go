@@ -321,6 +321,9 @@ func (rd *reader) read(ctx context.Context, s *replication.BinlogStreamer) error
 					rd.cols = nil // the table may have changed: read its columns again
 				}
 				if cur == nil || len(cur.events) == 0 {
+					if cur != nil {
+						cur.foreign = true
+					}
 					if err := commit(h.LogPos); err != nil {
 						return err
 					}

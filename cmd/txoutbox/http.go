@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/txoutbox/txoutbox/binlogrelay"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/ordered"
@@ -83,6 +84,38 @@ func registerLogMetrics(reg prometheus.Registerer, r *logrelay.Relay) {
 		counter("table_writes_total", "Events the stream wrote to the table's retry path (failed, or held behind a failed one).",
 			func() float64 { return float64(r.Counters().TableWrites) }),
 		counter("stream_starts_total", "Times this relay started streaming the slot (start, reconnections, takeovers).",
+			func() float64 { return float64(r.Counters().Streams) }),
+	)
+}
+
+// registerBinlogMetrics exports log mode's stream on MySQL and MariaDB:
+// whether this process streams, how far the stored position is behind the
+// server's binlog, whether its file was purged, and the stream's totals.
+func registerBinlogMetrics(reg prometheus.Registerer, r *binlogrelay.Relay) {
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
+	}
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	reg.MustRegister(
+		gauge("streaming", "1 while this relay streams, 0 while it stands by or reconnects.", func() float64 { return b(r.Streaming()) }),
+		gauge("behind_binlog_bytes", "Binlog written since the stream's stored position (at the latest stats check).",
+			func() float64 { return float64(r.LastStatus().BehindBytes) }),
+		gauge("position_lag_seconds", "How long the stream has stored no position while the binlog has more than its own writes after it (at the latest stats check).",
+			func() float64 { return r.LastStatus().Lag.Seconds() }),
+		gauge("binlog_purged", "1 when the server purged the binlog file of the stream's position: run txoutbox log recover.",
+			func() float64 { return b(r.BinlogPurged() || (r.LastStatus().Exists && !r.LastStatus().FilesHeld)) }),
+		counter("published_total", "Events published from the stream.", func() float64 { return float64(r.Counters().Published) }),
+		counter("table_writes_total", "Events the stream handed to the table's retry path (failed, or held behind a failed one).",
+			func() float64 { return float64(r.Counters().TableWrites) }),
+		counter("stream_starts_total", "Times this relay started streaming (start, reconnections, takeovers).",
 			func() float64 { return float64(r.Counters().Streams) }),
 	)
 }

@@ -8,11 +8,14 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
@@ -124,7 +127,8 @@ func TestLogModeUsageErrors(t *testing.T) {
 	}{
 		{[]string{"relay", "--mode", "log", "--drain", "--broker", "log://", "--dsn", "postgres://127.0.0.1:1/x"}, "--drain has no meaning"},
 		{[]string{"relay", "--mode", "tail", "--broker", "log://", "--dsn", "postgres://127.0.0.1:1/x"}, `--mode "tail"`},
-		{[]string{"log", "create", "--dsn", sqlite}, "needs PostgreSQL"},
+		{[]string{"log", "create", "--dsn", sqlite}, "needs PostgreSQL (logical replication) or MySQL/MariaDB"},
+		{[]string{"log", "recover", "--dsn", "postgres://127.0.0.1:1/x"}, "MySQL's and MariaDB's"},
 		{[]string{"log", "create", "--dsn", "postgres://127.0.0.1:1/x", "--slot", "Bad-Slot"}, "Bad-Slot"},
 		{[]string{"migrate", "--mode", "log", "--print"}, "cannot be printed"},
 	} {
@@ -132,5 +136,90 @@ func TestLogModeUsageErrors(t *testing.T) {
 		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
 			t.Errorf("txoutbox %v: exit %d, stderr %q; want exit %d naming %q", c.args, r.code, r.stderr, exitUsage, c.want)
 		}
+	}
+}
+
+// Log mode on MariaDB through the CLI: migrate --mode log, relay --mode
+// log with its metrics, log status, a graceful stop that stores the
+// position (the next relay sends nothing again), log drop back to table
+// mode.
+func TestLogModeMySQL(t *testing.T) {
+	t.Parallel()
+	driverDSN := testenv.MySQLDSN(t)
+	cfg, err := mysqldsn.Config(driverDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := "mysql://" + url.UserPassword(cfg.User, cfg.Passwd).String() + "@" + cfg.Addr + "/" + cfg.DBName
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	stream := "cli_" + hex.EncodeToString(b)
+	r := ok(t, dsn, "migrate", "--mode", "log", "--stream", stream)
+	if !strings.Contains(r.stdout, "stream "+stream) {
+		t.Errorf("migrate --mode log does not name the stream:\n%s", r.stdout)
+	}
+	db, err := sql.Open("mysql", driverDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{dsn: dsn, db: db, ob: ob}
+	evs := f.enqueue(t, "order.created", "o-1", 30)
+	if f.count(t, "published_at IS NULL") != 0 {
+		t.Fatal("the events were born for the table relay: published_at's default is not in place")
+	}
+	relay, stdout, _, addr := startRelay(t, dsn, "--mode", "log", "--stream", stream, "--broker", "log://", "--stats-interval", "100ms")
+	waitFor(t, 30*time.Second, "the 30 events on the relay's stdout", func() bool {
+		return strings.Count(stdout.String(), "\n") >= 30
+	})
+	got := map[string]bool{}
+	for _, id := range sinkIDs(t, stdout.String()) {
+		got[id] = true
+	}
+	for _, ev := range evs {
+		if !got[ev.ID] {
+			t.Fatalf("event %s not published", ev.ID)
+		}
+	}
+	waitFor(t, 10*time.Second, "the log metrics", func() bool {
+		m := scrape(t, addr)
+		return m["txoutbox_log_streaming"] == 1 && m["txoutbox_log_published_total"] == 30 &&
+			m["txoutbox_log_table_writes_total"] == 0 && m["txoutbox_log_binlog_purged"] == 0
+	})
+	r = ok(t, dsn, "log", "status", "--stream", stream, "--format", "json")
+	var st binlogStatusJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("log status: %v\n%s", err, r.stdout)
+	}
+	if !st.Exists || !st.Streaming || !st.DefaultSet || !st.FilesHeld || st.PendingInTable != 0 {
+		t.Errorf("log status while streaming: %+v", st)
+	}
+	r = ok(t, dsn, "log", "status", "--stream", stream)
+	if !strings.Contains(r.stdout, "binlog held") || !strings.Contains(r.stdout, "position") {
+		t.Errorf("log status table:\n%s", r.stdout)
+	}
+	// A graceful stop stores the position: the next relay sends nothing
+	// again.
+	if err := relay.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, relay, 20*time.Second); code != 0 {
+		t.Fatalf("the log relay exited %d on SIGTERM", code)
+	}
+	_, stdout2, _, _ := startRelay(t, dsn, "--mode", "log", "--stream", stream, "--broker", "log://")
+	more := f.enqueue(t, "order.created", "o-2", 5)
+	waitFor(t, 30*time.Second, "the 5 new events", func() bool { return strings.Count(stdout2.String(), "\n") >= 5 })
+	time.Sleep(300 * time.Millisecond)
+	if ids := sinkIDs(t, stdout2.String()); len(ids) != len(more) {
+		t.Errorf("the second relay published %d events, want the %d new ones only", len(ids), len(more))
+	}
+	ok(t, dsn, "log", "drop", "--stream", stream, "--wait", "20s")
+	f.enqueue(t, "order.created", "o-3", 1)
+	if f.count(t, "published_at IS NULL") != 1 {
+		t.Error("after log drop the events are not the table relay's")
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/logrelay"
 )
 
 func (a *app) migrateCommand() *cobra.Command {
@@ -45,10 +44,11 @@ partition lease tables. An outbox that is only ever relayed unordered can
 leave them out with --skip-ordered, sparing producers one index entry per
 event.
 
-With --mode log (PostgreSQL) it then sets up log mode, as 'txoutbox log
-create' does: the publication, the slot (--slot), then the trigger that sends
-every insert into the outbox table to the write-ahead log. See 'txoutbox log
---help'.`,
+With --mode log it then sets up log mode, as 'txoutbox log create' does: on
+PostgreSQL the publication, the slot (--slot), then the trigger that sends
+every insert into the outbox table to the write-ahead log; on MySQL and
+MariaDB the stream's binlog position (--stream) and published_at's default.
+See 'txoutbox log --help'.`,
 		Example: `  txoutbox migrate --dsn 'postgres://app:secret@localhost:5432/app?sslmode=disable'
 
   # A producer-only database, with a custom table name:
@@ -131,13 +131,9 @@ every insert into the outbox table to the write-ahead log. See 'txoutbox log
 				}
 			}
 			if mode == "log" {
-				if db.dialect != dialect.Postgres {
-					return usagef("--mode log needs PostgreSQL (logical replication); %s has none", db.dialect.Name())
+				if err := a.setupLogMode(cmd.Context(), logN, "log mode set up on %s, table %s: "); err != nil {
+					return err
 				}
-				if err := logrelay.Setup(cmd.Context(), dsn, logN.names(a.table)); err != nil {
-					return logModeError(err)
-				}
-				fmt.Fprintf(a.stdout, "log mode set up: slot %s, publication %s\n", logN.slot, logN.publication)
 			}
 			a.log.Info("txoutbox: migrations applied", "database", db.redacted, "dialect", db.dialect.Name(),
 				"table", a.table, "inbox", !skipInbox, "took", time.Since(start).Round(time.Millisecond))

@@ -13,8 +13,10 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/archive"
+	"github.com/txoutbox/txoutbox/binlogrelay"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/metrics"
 	"github.com/txoutbox/txoutbox/ordered"
@@ -46,6 +48,7 @@ type relayFlags struct {
 	mode            string
 	slot            string
 	publication     string
+	stream          string
 	console         consoleFlags
 }
 
@@ -77,13 +80,14 @@ off has the highest throughput.
 A failed event is retried with exponential backoff (--initial-backoff doubling
 up to --max-backoff, with jitter) and dead-lettered after --max-attempts.
 
-Log mode (--mode log, PostgreSQL): the relay streams events from a logical
-replication slot instead of claiming rows ('txoutbox log --help'; set it up
-with 'txoutbox migrate --mode log'). It writes nothing per event and confirms
-the slot's position once the broker took the events before it. Failed events
-go to the table, where the same process retries them as table mode does
-(--max-attempts, backoff, dead letters). Run several: one streams, the others
-stand by and take the slot over within a second or two of its loss.
+Log mode (--mode log): the relay streams events from PostgreSQL's logical
+replication slot, or from MySQL's and MariaDB's binlog, instead of claiming
+rows ('txoutbox log --help'; set it up with 'txoutbox migrate --mode log'). It
+writes nothing per event and confirms its position (the slot's; the binlog
+position stored in txoutbox_log_positions) once the broker took the events
+before it. Failed events go to the table, where the same process retries them
+as table mode does (--max-attempts, backoff, dead letters). Run several: one
+streams, the others stand by and take over within a second or two of its loss.
 
 A relay started while the database or the broker is down waits for them,
 retrying with backoff (one log line when a dependency is down, one when it
@@ -147,6 +151,7 @@ serves:
 	fl.StringVar(&f.mode, "mode", "table", "table (claim events from the outbox table) or log (PostgreSQL: stream them from a logical replication slot; see 'txoutbox log --help')")
 	fl.StringVar(&f.slot, "slot", logrelay.DefaultSlot, "with --mode log: the replication slot ('txoutbox log create' makes it)")
 	fl.StringVar(&f.publication, "publication", logrelay.DefaultPublication, "with --mode log: the publication the slot is streamed with")
+	fl.StringVar(&f.stream, "stream", binlogrelay.DefaultName, "with --mode log on MySQL/MariaDB: the stream's name (its stored binlog position and its lock)")
 	fl.BoolVar(&f.syncMark, "sync-mark", false, "PostgreSQL: wait for the WAL flush of every mark (default: marks commit asynchronously; a mark lost in a database crash only re-publishes)")
 	return cmd
 }
@@ -305,18 +310,17 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	}
 	var (
 		relay  *core.Relay
-		logRel *logrelay.Relay
 		stats  core.StatsReader = ob
 		runner interface {
 			Run(context.Context) error
 			Health() core.RelayHealth
 		}
+		// logStopped logs a log relay's totals when it stops.
+		logStopped func(uptime time.Duration)
 	)
-	if f.mode == "log" {
-		if db.dialect != dialect.Postgres {
-			return usagef("--mode log needs PostgreSQL (logical replication); %s has none", db.dialect.Name())
-		}
-		logRel, err = logrelay.New(store, out, logrelay.Options{
+	switch {
+	case f.mode == "log" && db.dialect == dialect.Postgres:
+		logRel, err := logrelay.New(store, out, logrelay.Options{
 			ConnString: dsn, Relay: ropts,
 			Names: logrelay.Names{Table: a.table, Slot: f.slot, Publication: f.publication},
 		})
@@ -325,7 +329,32 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		}
 		relay, stats, runner = logRel.Table(), logRel, logRel
 		registerLogMetrics(reg, logRel)
-	} else {
+		logStopped = func(uptime time.Duration) {
+			c := logRel.Counters()
+			a.log.Info("txoutbox: log relay stopped", "published", c.Published, "failed", c.Failed, "held", c.Held,
+				"table_writes", c.TableWrites, "stream_starts", c.Streams, "uptime", uptime)
+		}
+	case f.mode == "log" && db.dialect == dialect.MySQL:
+		driverDSN, err := mysqldsn.DriverDSN(dsn)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		binRel, err := binlogrelay.New(store, out, binlogrelay.Options{
+			DSN: driverDSN, Relay: ropts, Names: binlogrelay.Names{Table: a.table, Name: f.stream},
+		})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		relay, stats, runner = binRel.Table(), binRel, binRel
+		registerBinlogMetrics(reg, binRel)
+		logStopped = func(uptime time.Duration) {
+			c := binRel.Counters()
+			a.log.Info("txoutbox: log relay stopped", "published", c.Published, "failed", c.Failed, "held", c.Held,
+				"table_writes", c.TableWrites, "stream_starts", c.Streams, "uptime", uptime)
+		}
+	case f.mode == "log":
+		return usagef("--mode log needs PostgreSQL (logical replication) or MySQL/MariaDB (the binlog); %s has neither", db.dialect.Name())
+	default:
 		relay, err = core.NewRelay(store, out, ropts)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrUsage, err)
@@ -418,10 +447,8 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		return err
 	}
 	h.set("stopping")
-	if logRel != nil {
-		c := logRel.Counters()
-		a.log.Info("txoutbox: log relay stopped", "published", c.Published, "failed", c.Failed, "held", c.Held,
-			"table_writes", c.TableWrites, "stream_starts", c.Streams, "uptime", time.Since(start).Round(time.Millisecond))
+	if logStopped != nil {
+		logStopped(time.Since(start).Round(time.Millisecond))
 	}
 	c := relay.Counters()
 	a.log.Info("txoutbox: relay stopped", "batches", c.Batches, "published", c.Published, "failed", c.Failed,
