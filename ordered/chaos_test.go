@@ -48,7 +48,7 @@ const (
 // scheduling slack). It restarts the shared RabbitMQ, hence "Outage" in its
 // name: make test runs it in the serial step.
 func TestOutageChaosOrdered(t *testing.T) {
-	numEvents, numAggs := 100_000, 1_000
+	numEvents, numAggs := 50_000, 500
 	budget := 5 * time.Minute
 	if os.Getenv("TXOUTBOX_SOAK") != "" {
 		numEvents, numAggs, budget = 1_000_000, 10_000, 40*time.Minute
@@ -76,7 +76,7 @@ func TestOutageChaosOrderedMariaDB(t *testing.T) {
 // aggregates' later events follow them). Checked: nothing lost, no
 // reordering, every takeover within the bound.
 func TestOutageChaosLog(t *testing.T) {
-	numEvents, numAggs := 40_000, 2_000
+	numEvents, numAggs := 24_000, 1_200
 	budget := 4 * time.Minute
 	if os.Getenv("TXOUTBOX_SOAK") != "" {
 		numEvents, numAggs, budget = 400_000, 20_000, 30*time.Minute
@@ -529,7 +529,9 @@ func buildChaosRelay(t *testing.T) string {
 	if _, err := os.Stat(goTool); err != nil {
 		goTool = "go"
 	}
-	cmd := exec.Command(goTool, "build", "-o", bin, "./internal/chaosrelay")
+	// With -race, as the test binaries: the build shares make test's
+	// compiled packages, and the relays' races are found too.
+	cmd := exec.Command(goTool, "build", "-race", "-o", bin, "./internal/chaosrelay")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the relay program: %v\n%s", err, out)
 	}

@@ -580,7 +580,9 @@ func (p *program) build(t *testing.T) string {
 			return
 		}
 		p.path = filepath.Join(dir, filepath.Base(p.pkg))
-		if out, err := exec.Command("go", "build", "-o", p.path, p.pkg).CombinedOutput(); err != nil {
+		// With -race, as the test binaries: the build shares make test's
+		// compiled packages, and the processes' races are found too.
+		if out, err := exec.Command("go", "build", "-race", "-o", p.path, p.pkg).CombinedOutput(); err != nil {
 			p.err = fmt.Errorf("go build %s: %v\n%s", p.pkg, err, out)
 		}
 	})
