@@ -245,11 +245,9 @@ func (r *Relay) classify(err error) (logstream.Verdict, string) {
 	return logstream.Lost, ""
 }
 
-// serverID is the replica id of one session.
-func (r *Relay) serverID() uint32 {
-	if r.opts.ServerID != 0 {
-		return r.opts.ServerID
-	}
+// randomServerID is a replica server id for one session, above 2^30 where
+// servers' own ids seldom are.
+func randomServerID() uint32 {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return 1<<30 | binary.LittleEndian.Uint32(b[:])>>2

@@ -14,6 +14,7 @@ import (
 
 	gmysql "github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/go-mysql-org/go-mysql/replication"
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/logstream"
@@ -72,23 +73,10 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 	if err != nil {
 		return err
 	}
-	maria, err := isMariaDB(ctx, r.db)
+	syncer, err := newSyncer(ctx, r.db, r.cfg, r.opts.ServerID, onlyInserts(database, r.names.table.Name))
 	if err != nil {
 		return err
 	}
-	flavor := gmysql.MySQLFlavor
-	if maria {
-		flavor = gmysql.MariaDBFlavor
-	}
-	host, port, err := splitHostPort(r.cfg.Addr)
-	if err != nil {
-		return err
-	}
-	syncer := replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
-		ServerID: r.serverID(), Flavor: flavor, Host: host, Port: port, User: r.cfg.User, Password: r.cfg.Passwd,
-		TLSConfig: r.cfg.TLS, HeartbeatPeriod: time.Second, ReadTimeout: serverTimeout, DisableRetrySync: true,
-		Logger: slog.New(slog.DiscardHandler),
-	})
 	defer syncer.Close()
 	streamer, err := syncer.StartSync(gmysql.Position{Name: st.pos.File, Pos: st.pos.Offset})
 	if err != nil {
@@ -131,6 +119,47 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 		}
 	}
 	return errors.Join(pubErr, confErr, purgedOr(recvErr, st.pos, r.names.name))
+}
+
+// newSyncer returns a binlog reader on cfg's server, as a replica with
+// serverID (random when 0), whose rows events are decoded by decode.
+func newSyncer(ctx context.Context, db *sql.DB, cfg *mysql.Config, serverID uint32, decode func(*replication.RowsEvent, []byte) error) (*replication.BinlogSyncer, error) {
+	maria, err := isMariaDB(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	flavor := gmysql.MySQLFlavor
+	if maria {
+		flavor = gmysql.MariaDBFlavor
+	}
+	host, port, err := splitHostPort(cfg.Addr)
+	if err != nil {
+		return nil, err
+	}
+	if serverID == 0 {
+		serverID = randomServerID()
+	}
+	return replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
+		ServerID: serverID, Flavor: flavor, Host: host, Port: port, User: cfg.User, Password: cfg.Passwd,
+		TLSConfig: cfg.TLS, HeartbeatPeriod: time.Second, ReadTimeout: serverTimeout, DisableRetrySync: true,
+		Logger: slog.New(slog.DiscardHandler), RowsEventDecodeFunc: decode,
+	}), nil
+}
+
+// onlyInserts decodes the rows of inserts into database.table and only
+// their header (which table) for every other rows event: the binlog of a
+// busy server is mostly other tables' rows, which the stream skips.
+func onlyInserts(database, table string) func(*replication.RowsEvent, []byte) error {
+	return func(e *replication.RowsEvent, data []byte) error {
+		pos, err := e.DecodeHeader(data)
+		if err != nil {
+			return err
+		}
+		if e.Type() != replication.EnumRowsEventTypeInsert || string(e.Table.Schema) != database || string(e.Table.Table) != table {
+			return nil
+		}
+		return e.DecodeData(pos, data)
+	}
 }
 
 // purgedOr maps the server's "could not find first log file" (1236) to

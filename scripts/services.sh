@@ -7,8 +7,9 @@
 #   scripts/services.sh stop    # stop everything started here
 #
 # Services: PostgreSQL 15 (throwaway cluster, durable: the benchmarks run on it), MariaDB
-# 10.11 (Debian's mariadb-server, a throwaway datadir, durable too), RabbitMQ (Debian's
-# rabbitmq-server, its own node name and ports), the goaws SNS/SQS
+# 10.11 (Debian's mariadb-server, a throwaway datadir, durable too, with its binlog),
+# RabbitMQ (Debian's rabbitmq-server, two nodes with their own names and ports: the
+# second for the tests that stop the broker), the goaws SNS/SQS
 # emulator and the gofakes3 S3 server (each built from its Go module).
 set -euo pipefail
 
@@ -30,6 +31,11 @@ case "${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}" in
 	;;
 esac
 RABBIT_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}@localhost
+# A second RabbitMQ node for the tests that stop the broker (*Outage*):
+# make test runs them beside the others, which keep the first node.
+OUTAGE_AMQP_PORT=${TXOUTBOX_OUTAGE_AMQP_PORT:-24682}
+OUTAGE_AMQP_DIST_PORT=${TXOUTBOX_OUTAGE_AMQP_DIST_PORT:-24683}
+OUTAGE_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}-outage@localhost
 PGBIN=/usr/lib/postgresql/15/bin
 # The cluster lives outside the checkout: the postgres user must reach it,
 # and a checkout under /root is closed to that user.
@@ -173,50 +179,52 @@ stop_mariadb() {
 	fi
 }
 
-start_rabbitmq() {
+# rabbit_env NODE PORT DIST_PORT DIR prints a node's environment.
+rabbit_env() {
+	echo "RABBITMQ_NODENAME=$1 RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$2 RABBITMQ_DIST_PORT=$3 RABBITMQ_MNESIA_BASE=$4/mnesia RABBITMQ_LOG_BASE=$4/log RABBITMQ_ENABLED_PLUGINS_FILE=$4/enabled_plugins RABBITMQ_CONFIG_FILE=$4/rabbitmq"
+}
+
+# start_rabbitmq NODE PORT DIST_PORT DIR PORTVAR starts a node under DIR
+# (PORTVAR names the variable that moves its port).
+start_rabbitmq() (
 	need_pkg rabbitmq-server rabbitmq-server
-	export RABBITMQ_NODENAME="$RABBIT_NODE"
+	local node=$1 port=$2 dir=$4 portvar=$5
+	# shellcheck disable=SC2046
+	export $(rabbit_env "$1" "$2" "$3" "$4")
 	export ERL_EPMD_ADDRESS=127.0.0.1
-	export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
-	export RABBITMQ_NODE_PORT=$AMQP_PORT
-	export RABBITMQ_DIST_PORT=$AMQP_DIST_PORT
-	export RABBITMQ_MNESIA_BASE="$SVC/rabbitmq/mnesia"
-	export RABBITMQ_LOG_BASE="$SVC/rabbitmq/log"
-	export RABBITMQ_ENABLED_PLUGINS_FILE="$SVC/rabbitmq/enabled_plugins"
-	export RABBITMQ_CONFIG_FILE="$SVC/rabbitmq/rabbitmq"
 	# Run the server and CLI directly as root, not through Debian's wrappers
 	# that switch to the rabbitmq user: everything stays under .services/.
 	local rbin=/usr/lib/rabbitmq/bin
 	if "$rbin/rabbitmqctl" -n "$RABBITMQ_NODENAME" status >/dev/null 2>&1; then
-		log "rabbitmq already running on $AMQP_PORT"
+		log "rabbitmq $node already running on $port"
 		return
 	fi
-	port_free "$AMQP_PORT" rabbitmq AMQP
-	mkdir -p "$SVC/rabbitmq/mnesia" "$SVC/rabbitmq/log"
-	rm -f "$SVC/rabbitmq/erl_crash.dump"
+	port_free "$port" "rabbitmq $node" "$portvar"
+	mkdir -p "$dir/mnesia" "$dir/log"
+	rm -f "$dir/erl_crash.dump"
 	echo '[].' >"$RABBITMQ_ENABLED_PLUGINS_FILE"
 	# The guest user may log in from loopback only, which is where tests are.
 	printf 'loopback_users.guest = true\n' >"$RABBITMQ_CONFIG_FILE.conf"
 	# rabbitmq-server refuses to start without a cookie it can read.
 	[ -f "$HOME/.erlang.cookie" ] || { head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$HOME/.erlang.cookie"; chmod 400 "$HOME/.erlang.cookie"; }
-	(cd "$SVC/rabbitmq" && "$rbin/rabbitmq-server" -detached >&2)
+	(cd "$dir" && "$rbin/rabbitmq-server" -detached >&2)
 	# -detached returns before the node registers with epmd, and
 	# await_startup gives up at once on a node it cannot see yet.
 	local i
 	for i in $(seq 1 120); do
 		"$rbin/rabbitmqctl" -n "$RABBITMQ_NODENAME" -q ping >/dev/null 2>&1 && break
 		# A node that died does not come back: say so now, not in minutes.
-		if [ -f "$SVC/rabbitmq/erl_crash.dump" ]; then
-			log "rabbitmq died at start; its crash dump says:"
-			head -n 3 "$SVC/rabbitmq/erl_crash.dump" >&2
-			tail -n 20 "$SVC"/rabbitmq/log/*.log 2>/dev/null >&2 || true
+		if [ -f "$dir/erl_crash.dump" ]; then
+			log "rabbitmq $node died at start; its crash dump says:"
+			head -n 3 "$dir/erl_crash.dump" >&2
+			tail -n 20 "$dir"/log/*.log 2>/dev/null >&2 || true
 			return 1
 		fi
 		sleep 0.5
 	done
 	"$rbin/rabbitmqctl" -n "$RABBITMQ_NODENAME" await_startup --timeout 120 >&2
-	log "rabbitmq up on 127.0.0.1:$AMQP_PORT"
-}
+	log "rabbitmq $node up on 127.0.0.1:$port"
+)
 
 start_goaws() {
 	# goaws runs as its own process, not inside the test binaries through
@@ -333,7 +341,11 @@ export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBIT_NODE'
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'
 export TXOUTBOX_CHROMIUM='/usr/bin/chromium'
 export TXOUTBOX_S3_URL='s3://txoutbox?endpoint=http://127.0.0.1:$S3_PORT&use_path_style=true&region=us-east-1&anonymous=true'
-export TXOUTBOX_RABBITMQ_ENV='RABBITMQ_NODENAME=$RABBIT_NODE RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$AMQP_PORT RABBITMQ_DIST_PORT=$AMQP_DIST_PORT RABBITMQ_MNESIA_BASE=$SVC/rabbitmq/mnesia RABBITMQ_LOG_BASE=$SVC/rabbitmq/log RABBITMQ_ENABLED_PLUGINS_FILE=$SVC/rabbitmq/enabled_plugins RABBITMQ_CONFIG_FILE=$SVC/rabbitmq/rabbitmq'
+export TXOUTBOX_RABBITMQ_ENV='$(rabbit_env "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq")'
+# The node the outage tests stop and start (make test points them at it).
+export TXOUTBOX_OUTAGE_AMQP_URL='amqp://guest:guest@127.0.0.1:$OUTAGE_AMQP_PORT/'
+export TXOUTBOX_OUTAGE_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $OUTAGE_NODE'
+export TXOUTBOX_OUTAGE_RABBITMQ_ENV='$(rabbit_env "$OUTAGE_NODE" "$OUTAGE_AMQP_PORT" "$OUTAGE_AMQP_DIST_PORT" "$SVC/rabbitmq-outage")'
 ENV
 	log "environment in $SVC/env"
 }
@@ -343,6 +355,7 @@ stop_all() {
 		su postgres -s /bin/sh -c "$PGBIN/pg_ctl -D $PG_DIR/data -m fast stop" >&2 || true
 	fi
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBIT_NODE" stop >&2 2>/dev/null || true
+	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$OUTAGE_NODE" stop >&2 2>/dev/null || true
 	stop_goaws
 	stop_s3
 	stop_mariadb
@@ -355,7 +368,8 @@ start)
 	need_pkg /usr/bin/chromium chromium
 	start_postgres
 	start_mariadb
-	start_rabbitmq
+	start_rabbitmq "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq" AMQP
+	start_rabbitmq "$OUTAGE_NODE" "$OUTAGE_AMQP_PORT" "$OUTAGE_AMQP_DIST_PORT" "$SVC/rabbitmq-outage" OUTAGE_AMQP
 	start_goaws
 	start_s3
 	write_env

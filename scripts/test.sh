@@ -39,27 +39,40 @@ stage "go vet done"
 if [ $# -gt 0 ]; then
 	exec go test -race -count=1 -timeout 20m "$@"
 fi
-scripts/vulncheck.sh
-stage "vulncheck done"
 
-# Tests named *Outage* take a shared broker down, so they run after the rest,
-# one package at a time, and only in the packages that have them.
-report=.services/test.json
-set +e
-go test -race -count=1 -timeout 20m -json -skip 'Outage' ./... >"$report" 2>&1
-go run ./internal/cmd/testreport -top 0 <"$report"
-main=$?
-stage "tests done"
+# Three go test runs at once, and govulncheck: the machine's two cores sit
+# half idle while tests wait on servers, sleeps and timeouts.
+#  - the fault matrix (internal/faultmatrix), its rows four at a time:
+#    mostly waiting, and the longest package by far;
+#  - the tests named *Outage*, which stop the broker: one package at a
+#    time, against the second RabbitMQ node (services.sh), so that they
+#    stop no broker the others use;
+#  - every other test.
+pids=()
+go test -race -count=1 -timeout 20m -json -skip 'Outage' $(go list ./... | grep -v '/internal/faultmatrix$') >.services/test.json 2>&1 &
+pids+=($!)
+go test -race -count=1 -timeout 20m -json -skip 'Outage' -parallel 4 ./internal/faultmatrix >.services/test-faults.json 2>&1 &
+pids+=($!)
 outage=$(git grep -l '^func Test[A-Za-z]*Outage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
 # shellcheck disable=SC2086
-go test -race -count=1 -timeout 15m -p 1 -json -run 'Outage' $outage >.services/test-outage.json 2>&1
-go run ./internal/cmd/testreport -top 0 <.services/test-outage.json
-outages=$?
-cat "$report" .services/test-outage.json | go run ./internal/cmd/testreport -top 10 | sed -n '/^The [0-9]* slowest/,$p'
-
-set -e
-stage "outage tests done"
-if [ "$main" -ne 0 ] || [ "$outages" -ne 0 ]; then
-	echo "test.sh: tests failed" >&2
+TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
+	go test -race -count=1 -timeout 15m -p 1 -json -run 'Outage' $outage >.services/test-outage.json 2>&1 &
+pids+=($!)
+scripts/vulncheck.sh >.services/vulncheck.log 2>&1 &
+vuln=$!
+for pid in "${pids[@]}"; do wait "$pid" || true; done
+stage "tests done"
+failed=0
+for r in .services/test.json .services/test-faults.json .services/test-outage.json; do
+	go run ./internal/cmd/testreport -top 0 <"$r" || failed=1
+done
+cat .services/test.json .services/test-faults.json .services/test-outage.json | go run ./internal/cmd/testreport -top 10 | sed -n '/^The [0-9]* slowest/,$p'
+if ! wait "$vuln"; then
+	failed=1
+fi
+cat .services/vulncheck.log >&2
+stage "done"
+if [ "$failed" -ne 0 ]; then
+	echo "test.sh: failed" >&2
 	exit 1
 fi

@@ -49,6 +49,7 @@ type relayFlags struct {
 	slot            string
 	publication     string
 	stream          string
+	wake            string
 	console         consoleFlags
 }
 
@@ -151,6 +152,7 @@ serves:
 	fl.StringVar(&f.mode, "mode", "table", "table (claim events from the outbox table) or log (PostgreSQL: stream them from a logical replication slot; see 'txoutbox log --help')")
 	fl.StringVar(&f.slot, "slot", logrelay.DefaultSlot, "with --mode log: the replication slot ('txoutbox log create' makes it)")
 	fl.StringVar(&f.publication, "publication", logrelay.DefaultPublication, "with --mode log: the publication the slot is streamed with")
+	fl.StringVar(&f.wake, "wake", "auto", "table mode: auto (on MySQL/MariaDB, wake from the binlog within milliseconds of a commit when it can be read; polling otherwise) or poll (--poll-interval only)")
 	fl.StringVar(&f.stream, "stream", binlogrelay.DefaultName, "with --mode log on MySQL/MariaDB: the stream's name (its stored binlog position and its lock)")
 	fl.BoolVar(&f.syncMark, "sync-mark", false, "PostgreSQL: wait for the WAL flush of every mark (default: marks commit asynchronously; a mark lost in a database crash only re-publishes)")
 	return cmd
@@ -190,6 +192,8 @@ func checkRelayFlags(f relayFlags) error {
 		return usagef("--mode %q: want table or log", f.mode)
 	case f.console.check("console-addr") != nil:
 		return f.console.check("console-addr")
+	case f.wake != "auto" && f.wake != "poll":
+		return usagef("--wake %q: want auto or poll", f.wake)
 	case f.mode == "log" && f.drain:
 		return usagef("--drain has no meaning with --mode log: the stream has no end (drain the retry path with --mode table --drain)")
 	}
@@ -388,6 +392,24 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		defer bg.Done()
 		_ = mon.Run(bgCtx)
 	}()
+	if f.mode == "table" && f.wake == "auto" && db.dialect == dialect.MySQL && !f.drain {
+		// Producers in other processes: their commits reach the binlog,
+		// which wakes the relay (Run logs once and returns if it cannot
+		// be read; the poll interval remains).
+		driverDSN, err := mysqldsn.DriverDSN(dsn)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		w, err := binlogrelay.NewWatcher(driverDSN, relay, binlogrelay.WatcherOptions{Table: a.table, Logger: a.log})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			_ = w.Run(bgCtx)
+		}()
+	}
 	if f.cleanupInterval > 0 {
 		var cleaner core.Cleaner = ob
 		if f.partitioned {
