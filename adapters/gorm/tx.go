@@ -270,7 +270,10 @@ func (o *outbox) write(ctx context.Context, cp gorm.ConnPool, events []core.Even
 	}
 	for len(events) > 0 {
 		n := min(len(events), dialect.MaxInsertRows)
-		q, args, err := o.q.Insert(events[:n])
+		// Nothing is written back into the events (Seq and CreatedAt are
+		// the database's at the commit), so nothing is asked back: the
+		// statement of sqlxoutbox's SkipReadBack, no RETURNING.
+		q, args, err := o.q.InsertNoReturning(events[:n])
 		if err != nil {
 			return fmt.Errorf("gormoutbox: %w", err)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/binlogrelay"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
@@ -63,7 +64,8 @@ type cell struct {
 	server crashable
 	// backend is where the outbox is, and how it is relayed.
 	backend backend
-	// slot is log mode's replication slot (backendLog).
+	// slot is log mode's replication slot (backendLog), or its stream
+	// (backendBinlog).
 	slot string
 	// env is added to the relay process's environment.
 	env []string
@@ -91,12 +93,13 @@ const (
 	backendPostgres backend = iota // PostgreSQL, table mode
 	backendMariaDB                 // MariaDB, table mode
 	backendLog                     // PostgreSQL, log mode (package logrelay)
+	backendBinlog                  // MariaDB, log mode from the binlog (package binlogrelay)
 )
 
 // store makes a fresh PostgreSQL outbox whose producers write directly and
 // whose relay reads through c.db.
 func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
-	if c.backend == backendMariaDB {
+	if c.backend == backendMariaDB || c.backend == backendBinlog {
 		return c.mariaDBStore(t)
 	}
 	var dsn string
@@ -178,6 +181,12 @@ func (c *cell) mariaDBStore(t *testing.T) *outboxtest.StoreFixture {
 	ob, err := sqlxoutbox.NewDB(proxied, sqlxoutbox.Options{Dialect: dialect.MySQL, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.backend == backendBinlog {
+		c.slot = "fault_" + testenv.RandomSuffix()
+		if err := binlogrelay.Setup(t.Context(), dsn, binlogrelay.Names{Name: c.slot}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return fx.StoreFixture(ob)
 }
@@ -343,6 +352,9 @@ type faultCase struct {
 	// kafkaRestart: the fault stops the in-process Kafka cluster and
 	// starts it again from its files.
 	kafkaRestart bool
+	// binlog: the fault is the binlog's: only MariaDB log mode's rows run
+	// it.
+	binlog bool
 	// brokerSide: the fault is the broker's alone, so the quick form runs
 	// it once per broker (with the outbox on PostgreSQL), not again with
 	// the outbox on MariaDB.
@@ -382,7 +394,7 @@ func faults(c *cell) []faultCase {
 		return faultCase{Fault: outboxtest.Fault{Name: name, Duration: d, Inject: inject, Heal: heal}, signals: signals}
 	}
 	crashName := "PostgreSQL crash (immediate stop, start)"
-	if c.backend == backendMariaDB {
+	if c.backend == backendMariaDB || c.backend == backendBinlog {
 		crashName = "MariaDB crash (SIGKILL, start)"
 	}
 	crash := fault(crashName, "store",
@@ -394,6 +406,10 @@ func faults(c *cell) []faultCase {
 	restart := fault("broker stopped and started", "broker", func(t *testing.T) { c.kfake.Close() }, c.startKafka)
 	restart.kafkaRestart, restart.brokerSide = true, true
 	crash.storeSide = true
+	// The binlog rotated, and the files before the new one purged, on a
+	// server of the cell's own (a purge would take other tests' files).
+	purge := fault("binlog rotated and purged (FLUSH BINARY LOGS, PURGE BINARY LOGS)", "", c.rotateAndPurge, func(*testing.T) {})
+	purge.crash, purge.binlog, purge.storeSide = true, true, true
 	brokerSide := func(f faultCase) faultCase { f.brokerSide = true; return f }
 	storeSide := func(f faultCase) faultCase { f.storeSide = true; return f }
 	return []faultCase{
@@ -409,6 +425,41 @@ func faults(c *cell) []faultCase {
 		consumer,
 		restart,
 		crash,
+		purge,
+	}
+}
+
+// rotateAndPurge switches the server to a new binlog file and purges the
+// files before it, as expire_logs_days would, while the stream reads.
+func (c *cell) rotateAndPurge(t *testing.T) {
+	db, err := sql.Open("mysql", c.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(t.Context(), "FLUSH BINARY LOGS"); err != nil {
+		t.Fatal(err)
+	}
+	var file string
+	var pos int64
+	var a, b any
+	if err := db.QueryRowContext(t.Context(), "SHOW MASTER STATUS").Scan(&file, &pos, &a, &b); err != nil {
+		t.Fatal(err)
+	}
+	// The server keeps a file until InnoDB's checkpoint of it is
+	// written: purge until the oldest is the new one.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := db.ExecContext(t.Context(), "PURGE BINARY LOGS TO '"+file+"'"); err != nil {
+			t.Fatal(err)
+		}
+		var first string
+		var size int64
+		if err := db.QueryRowContext(t.Context(), "SHOW BINARY LOGS").Scan(&first, &size); err != nil {
+			t.Fatal(err)
+		}
+		if first == file || time.Now().After(deadline) {
+			return
+		}
 	}
 }
 
@@ -449,8 +500,11 @@ func (c *cell) startRelay(t *testing.T) {
 	cmd := exec.Command(cli.build(t), "relay", "--dsn", c.relayDSN, "--broker", c.brokerURL, "--ordering", c.ordering,
 		"--http-addr", c.httpAddr, "--poll-interval", "50ms", "--publish-timeout", "2s", "--initial-backoff", "100ms",
 		"--max-backoff", "1s", "--max-attempts", "1000", "--batch-size", "25", "--concurrency", "2", "--stats-interval", "500ms")
-	if c.backend == backendLog {
+	switch c.backend {
+	case backendLog:
 		cmd.Args = append(cmd.Args, "--mode", "log", "--slot", c.slot, "--publication", c.slot)
+	case backendBinlog:
+		cmd.Args = append(cmd.Args, "--mode", "log", "--stream", c.slot)
 	}
 	cmd.Env = append(append(os.Environ(), "TXOUTBOX_DSN=", "TXOUTBOX_BROKER="), c.env...)
 	out := &lockedBuffer{}
@@ -460,6 +514,17 @@ func (c *cell) startRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.relay = cmd
+	// Ready when it serves /healthz (it answers 503 while it waits for
+	// its dependencies): a fault must not meet a process that is still
+	// starting, which on a loaded machine takes seconds.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if code, _ := c.get("/healthz"); code != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay process serves no /healthz 60s after its start:\n%s", out)
+		}
+	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
@@ -612,9 +677,9 @@ func TestFaultMatrix(t *testing.T) {
 		backend backend
 	}
 	var brokers []broker
-	for _, be := range []backend{backendPostgres, backendMariaDB, backendLog} {
+	for _, be := range []backend{backendPostgres, backendMariaDB, backendLog, backendBinlog} {
 		for _, kind := range []string{"RabbitMQ", "Kafka", "SNS"} {
-			name := kind + map[backend]string{backendMariaDB: ", outbox on MariaDB", backendLog: ", log mode"}[be]
+			name := kind + map[backend]string{backendMariaDB: ", outbox on MariaDB", backendLog: ", log mode", backendBinlog: ", MariaDB log mode"}[be]
 			brokers = append(brokers, broker{name: name, kind: kind, backend: be})
 		}
 	}
@@ -633,6 +698,12 @@ func TestFaultMatrix(t *testing.T) {
 						// not change (see faultCase.storeSide).
 						continue
 					}
+					if !long && !names[i].storeSide && (bi+mi+i)%2 != 0 {
+						// Every broker meets the fault in one of the two
+						// modes, and each mode meets it with a broker:
+						// every pair of the cell's dimensions is run.
+						continue
+					}
 					name := names[i].Name
 					if b.backend == backendLog && names[i].crash {
 						// TestOutageChaosLog (package ordered) crashes
@@ -644,7 +715,10 @@ func TestFaultMatrix(t *testing.T) {
 						// goaws keeps no state across one.
 						continue
 					}
-					if !long && b.backend == backendMariaDB && names[i].brokerSide {
+					if names[i].binlog && b.backend != backendBinlog {
+						continue
+					}
+					if !long && (b.backend == backendMariaDB || b.backend == backendBinlog) && names[i].brokerSide {
 						// The relay on MariaDB meets a broker fault as on
 						// PostgreSQL (one reset cell stays); the long form
 						// runs them all.
@@ -690,7 +764,7 @@ func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBr
 	o.Ordering = mode
 	o.StartRelay = c.startRelay
 	if fc.crash {
-		if be == backendMariaDB {
+		if be == backendMariaDB || be == backendBinlog {
 			c.server = testenv.StartMariaDB(t)
 		} else {
 			c.server = testenv.StartCluster(t)
@@ -864,7 +938,7 @@ func announcements(signals string, be backend) []string {
 	switch {
 	case signals == "broker":
 		return []string{brokerDownLine}
-	case signals == "store" && be == backendLog:
+	case signals == "store" && (be == backendLog || be == backendBinlog):
 		return []string{storeDownLine, streamLostLine}
 	case signals == "store":
 		return []string{storeDownLine}

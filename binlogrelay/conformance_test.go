@@ -1,0 +1,30 @@
+package binlogrelay_test
+
+import (
+	"testing"
+
+	"github.com/txoutbox/txoutbox/internal/fixtures"
+	outboxtest "github.com/txoutbox/txoutbox/testing"
+)
+
+func newStore(t *testing.T) *outboxtest.StoreFixture {
+	return fixtures.BinLogMySQL(t, fixtures.Options{SkipInbox: true})
+}
+
+func rabbit(t *testing.T) *outboxtest.BrokerFixture { return fixtures.RabbitMQ(t) }
+
+// TestEndToEndRabbitMQ: log mode from MariaDB's binlog through RabbitMQ.
+func TestEndToEndRabbitMQ(t *testing.T) {
+	t.Parallel()
+	outboxtest.RunEndToEnd(t, newStore, rabbit)
+}
+
+// TestExactlyOnceRabbitMQ: log mode from the binlog under a publisher that
+// fails 10 % of events (they take the table's retry path), reports failure
+// after sending, and duplicates; consumers with the inbox see each event
+// take effect once.
+func TestExactlyOnceRabbitMQ(t *testing.T) {
+	t.Parallel()
+	outboxtest.RunExactlyOnce(t, newStore, rabbit,
+		func(t *testing.T) *outboxtest.InboxFixture { return fixtures.PGXInbox(t) })
+}
