@@ -29,7 +29,7 @@ func TestQuickRun(t *testing.T) {
 	// the machine is shared with other tests.
 	c.Backlog, c.Retained, c.Pending, c.ClaimSamples = 2_000, 5_000, 500, 20
 	c.WatermillCurve = []int{500}
-	c.MySQLRetained = 4_000
+	c.MySQLRetained, c.MySQLBacklog = 4_000, 2_000
 	c.LatencyFor, c.ProducerFor = c.LatencyFor/4, c.ProducerFor/4
 	var out bytes.Buffer
 	if err := run(context.Background(), c, &out, quietLog); err != nil {
@@ -73,7 +73,11 @@ func TestQuickRun(t *testing.T) {
 		"| v  console page: event by ID, with the lookup indexes", "| v  console page: events of one aggregate, with the lookup indexes",
 		"| m  MariaDB relay drain", "| m' MariaDB producer tx/s with the outbox row (Enqueue:",
 		"| m' MariaDB producer tx/s with the outbox row (Enqueue with SkipReadBack", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
+		"| m' MariaDB producer tx/s, a hand-written INSERT", "| m  MariaDB producer tx/s, Enqueue with SkipReadBack vs the hand-written",
 		"| m  MariaDB claim latency p50", "| m  MariaDB claim latency p99",
+		"| m  MariaDB table-mode drain, batch 500 and 4 workers", "| m  MariaDB log-mode drain (binlog) vs table mode tuned", "| m' MariaDB log-mode drain vs reading the binlog alone",
+		"| m  MariaDB table-mode latency p50", "| m  MariaDB table-mode latency p99, binlog wake-up",
+		"| m  MariaDB log-mode latency p50", "| m  MariaDB log-mode latency p99",
 	}
 	var got []string
 	for _, l := range lines[2:] {

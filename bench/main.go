@@ -79,6 +79,7 @@ type config struct {
 	ProducerFor    time.Duration // d: per run
 	Retained       int           // e: published rows kept
 	MySQLRetained  int           // m: published rows kept (doubled from 1000 up to at least this)
+	MySQLBacklog   int           // m: events drained per run by table mode and log mode
 	Pending        int           // e: due rows the claims find
 	ClaimSamples   int           // e: claims timed per table
 	ClaimBatchSize int
@@ -97,6 +98,7 @@ func defaults(quick bool) config {
 		ProducerFor:    8 * time.Second,
 		Retained:       5_000_000,
 		MySQLRetained:  1_000_000,
+		MySQLBacklog:   50_000,
 		Pending:        10_000,
 		ClaimSamples:   400,
 		ClaimBatchSize: 100,
@@ -109,6 +111,7 @@ func defaults(quick bool) config {
 		c.ProducerFor = 2 * time.Second
 		c.Retained = 200_000
 		c.MySQLRetained = 100_000
+		c.MySQLBacklog = 5_000
 		c.Pending = 2_000
 		c.ClaimSamples = 100
 	}

@@ -15,7 +15,7 @@
 // Progress is the binlog position (file and offset) of the last
 // transaction whose events the broker accepted, stored in the table
 // txoutbox_log_positions at most every Options.ConfirmInterval while events
-// flow (100 ms), once a second otherwise, and at once on a graceful stop;
+// flow (20 ms), once a second otherwise, and at once on a graceful stop;
 // a relay killed at any point starts again from the stored position, so
 // delivery stays at least once, and what is sent again is bounded by that
 // interval.

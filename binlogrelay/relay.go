@@ -39,9 +39,19 @@ type Options struct {
 	// whose earlier event is in the table's retry path wait in memory
 	// before they are written to the table behind it. Default 1s.
 	SpillAfter time.Duration
+	// HoldOnBrokerDown is how long the stream retries, with backoff, a
+	// batch of which the broker took no event (down, or reconnecting),
+	// before it hands the batch to the table's retry path: a broker
+	// restart of a few seconds then writes nothing to the table, and no
+	// event waits out a table backoff once the broker is back. The
+	// position is not confirmed meanwhile. Default 5s; negative: hand a
+	// failed batch over at once.
+	HoldOnBrokerDown time.Duration
 	// ConfirmInterval is how often, at most, the stream stores its
 	// position while events flow: what a relay killed at any moment sends
-	// again is what it published in the last interval. Default 100ms.
+	// again is what it published in the last interval and the batch in
+	// flight. Default 20ms: 50 small commits a second at most, whatever
+	// the event rate.
 	// Without events (other tables' writes only) the position is stored
 	// at most once a second.
 	ConfirmInterval time.Duration
@@ -50,6 +60,9 @@ type Options struct {
 	// id per session, above 2^30.
 	ServerID uint32
 }
+
+// DefaultHoldOnBrokerDown is Options.HoldOnBrokerDown's default.
+const DefaultHoldOnBrokerDown = logstream.DefaultHoldOnBrokerDown
 
 // Counters are a Relay's totals since it started.
 type Counters struct {
@@ -112,8 +125,14 @@ func New(store core.Store, pub core.Publisher, opts Options) (*Relay, error) {
 	if opts.SpillAfter == 0 {
 		opts.SpillAfter = time.Second
 	}
+	switch {
+	case opts.HoldOnBrokerDown == 0:
+		opts.HoldOnBrokerDown = DefaultHoldOnBrokerDown
+	case opts.HoldOnBrokerDown < 0:
+		opts.HoldOnBrokerDown = 0
+	}
 	if opts.ConfirmInterval == 0 {
-		opts.ConfirmInterval = 100 * time.Millisecond
+		opts.ConfirmInterval = 20 * time.Millisecond
 	}
 	table, err := core.NewRelay(store, pub, opts.Relay)
 	if err != nil {
@@ -131,7 +150,8 @@ func New(store core.Store, pub core.Publisher, opts Options) (*Relay, error) {
 	db.SetMaxOpenConns(4)
 	db.SetMaxIdleConns(4)
 	r := &Relay{opts: opts, names: names, cfg: cfg, db: db, table: table, store: store}
-	r.stream = logstream.New(logstream.Options{Table: newTable(db, names, table.Options()), Relay: table, Publisher: pub, SpillAfter: opts.SpillAfter})
+	r.stream = logstream.New(logstream.Options{Table: newTable(db, names, table.Options()), Relay: table, Publisher: pub,
+		SpillAfter: opts.SpillAfter, HoldOnBrokerDown: opts.HoldOnBrokerDown})
 	return r, nil
 }
 

@@ -196,7 +196,7 @@ func TestOrderedFailureHoldsItsAggregate(t *testing.T) {
 	l := fixtures.NewBinLog(t, "", fixtures.Options{SkipInbox: true})
 	rec := outboxtest.NewRecorder()
 	pub := &flaky{inner: rec, down: map[string]bool{"agg-0": true}}
-	r := newRelay(t, l, pub, binlogrelay.Options{Relay: core.RelayOptions{
+	r := newRelay(t, l, pub, binlogrelay.Options{HoldOnBrokerDown: -1, Relay: core.RelayOptions{
 		Ordering:     core.OrderingOn,
 		PollInterval: 50 * time.Millisecond,
 		Retry:        core.RetryPolicy{InitialBackoff: 700 * time.Millisecond, MaxBackoff: 700 * time.Millisecond, MaxAttempts: 1000},
@@ -423,4 +423,48 @@ func TestInvalidNames(t *testing.T) {
 	if _, err := binlogrelay.New(nil, nil, binlogrelay.Options{}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("New without store: %v", err)
 	}
+}
+
+// A broker that takes none of a batch for less than HoldOnBrokerDown: the
+// stream retries the batch instead of handing it to the table, so nothing
+// is written to the table and every event arrives once the broker is
+// back, in commit order.
+func TestShortBrokerOutageIsHeldNotTabled(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewBinLog(t, "", fixtures.Options{SkipInbox: true})
+	rec := outboxtest.NewRecorder()
+	var mu sync.Mutex
+	down := true
+	pub := core.PublisherFunc(func(ctx context.Context, evs []core.Event) error {
+		mu.Lock()
+		d := down
+		mu.Unlock()
+		if d {
+			return errors.New("connection refused")
+		}
+		return rec.Publish(ctx, evs)
+	})
+	r := newRelay(t, l, pub, binlogrelay.Options{HoldOnBrokerDown: 10 * time.Second})
+	run(t, r)
+	evs := events(t, 100, 5)
+	enqueue(t, l, evs, 10)
+	waitFor(t, 10*time.Second, "the stream to find the broker down", func() bool { return r.Health().BrokerDown })
+	time.Sleep(time.Second)
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Counters(); c.TableWrites != 0 || c.Failed != 0 {
+		t.Errorf("counters %+v: a short outage wrote to the table", c)
+	}
+	for i, got := range rec.Events() {
+		if got.ID != evs[i].ID {
+			t.Fatalf("delivery %d is not event %d: commit order broken by the hold", i, i)
+		}
+	}
+	waitFor(t, 5*time.Second, "the relay to report the broker back", func() bool { return !r.Health().BrokerDown })
 }

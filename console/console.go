@@ -33,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/txoutbox/txoutbox/binlogrelay"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
@@ -100,6 +101,9 @@ type Options struct {
 	// Slot, when set, adds log mode's page: the replication slot's state
 	// (logrelay.Status).
 	Slot func(ctx context.Context) (logrelay.SlotStatus, error)
+	// Binlog, when set, adds log mode's page on MySQL and MariaDB: the
+	// stream's binlog position against the server's (binlogrelay.ReadStatus).
+	Binlog func(ctx context.Context) (binlogrelay.Status, error)
 	// LagThreshold is the oldest pending age above which the overview
 	// shows the outbox as lagging. Default 1m.
 	LagThreshold time.Duration
@@ -180,8 +184,11 @@ func New(store Store, opts Options) (*Console, error) {
 	if opts.Inbox != nil {
 		mux.HandleFunc("GET /inbox", c.inboxPage)
 	}
-	if opts.Slot != nil {
+	switch {
+	case opts.Slot != nil:
 		mux.HandleFunc("GET /log", c.logMode)
+	case opts.Binlog != nil:
+		mux.HandleFunc("GET /log", c.binlogMode)
 	}
 	mux.HandleFunc("POST /events/{seq}/replay", c.action(c.replayAction))
 	// Actions are POSTs from this console's own pages: a cross-site POST

@@ -15,3 +15,14 @@ func (c *Console) logMode(w http.ResponseWriter, r *http.Request) {
 	}
 	c.render(w, r, "logmode.html", "log", start, st)
 }
+
+// binlogMode shows log mode's binlog stream (MySQL, MariaDB).
+func (c *Console) binlogMode(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	st, err := c.opts.Binlog(r.Context())
+	if err != nil {
+		c.fail(w, err)
+		return
+	}
+	c.render(w, r, "binlogmode.html", "log", start, st)
+}

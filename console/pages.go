@@ -25,7 +25,7 @@ type page struct {
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name, nav string, start time.Time, data any) {
-	p := page{Title: c.opts.Title, Nav: nav, Base: c.opts.Prefix, HasInbox: c.opts.Inbox != nil, HasLog: c.opts.Slot != nil, ReadOnly: c.opts.ReadOnly, CSRF: c.csrfToken(c.user(r)),
+	p := page{Title: c.opts.Title, Nav: nav, Base: c.opts.Prefix, HasInbox: c.opts.Inbox != nil, HasLog: c.opts.Slot != nil || c.opts.Binlog != nil, ReadOnly: c.opts.ReadOnly, CSRF: c.csrfToken(c.user(r)),
 		Flash: r.URL.Query().Get("flash"), Took: time.Since(start), Data: data}
 	var buf bytes.Buffer
 	if err := c.tmpl.ExecuteTemplate(&buf, name, p); err != nil {

@@ -39,6 +39,14 @@ type Options struct {
 	// it. It bounds how long the slot's confirmed position waits for them.
 	// Default 1s.
 	SpillAfter time.Duration
+	// HoldOnBrokerDown is how long the stream retries, with backoff, a
+	// batch of which the broker took no event (down, or reconnecting),
+	// before it hands the batch to the table's retry path: a broker
+	// restart of a few seconds then writes nothing to the table, and no
+	// event waits out a table backoff once the broker is back. The
+	// position is not confirmed meanwhile. Default 5s; negative: hand a
+	// failed batch over at once.
+	HoldOnBrokerDown time.Duration
 	// ServerTimeout is how long the server may stay silent before the
 	// relay drops the connection and reconnects; the relay asks for a
 	// reply every second. It is also passed to the server as
@@ -46,6 +54,9 @@ type Options struct {
 	// this long after the streaming relay stopped answering. Default 10s.
 	ServerTimeout time.Duration
 }
+
+// DefaultHoldOnBrokerDown is Options.HoldOnBrokerDown's default.
+const DefaultHoldOnBrokerDown = logstream.DefaultHoldOnBrokerDown
 
 // Counters are a Relay's totals since it started.
 type Counters struct {
@@ -105,6 +116,12 @@ func New(store core.Store, pub core.Publisher, opts Options) (*Relay, error) {
 	if opts.SpillAfter == 0 {
 		opts.SpillAfter = time.Second
 	}
+	switch {
+	case opts.HoldOnBrokerDown == 0:
+		opts.HoldOnBrokerDown = DefaultHoldOnBrokerDown
+	case opts.HoldOnBrokerDown < 0:
+		opts.HoldOnBrokerDown = 0
+	}
 	if opts.StandbyInterval == 0 {
 		opts.StandbyInterval = time.Second
 	}
@@ -134,7 +151,8 @@ func New(store core.Store, pub core.Publisher, opts Options) (*Relay, error) {
 		return nil, fmt.Errorf("logrelay: %w", err)
 	}
 	r := &Relay{opts: opts, names: names, repl: repl, pool: pool, table: table, store: store}
-	r.stream = logstream.New(logstream.Options{Table: newPGTable(pool, names, table.Options()), Relay: table, Publisher: pub, SpillAfter: opts.SpillAfter})
+	r.stream = logstream.New(logstream.Options{Table: newPGTable(pool, names, table.Options()), Relay: table, Publisher: pub,
+		SpillAfter: opts.SpillAfter, HoldOnBrokerDown: opts.HoldOnBrokerDown})
 	return r, nil
 }
 

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jmoiron/sqlx"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
@@ -70,6 +72,20 @@ func newRelay(t *testing.T, l *fixtures.Log, pub core.Publisher, opts core.Relay
 		opts.Logger = quiet
 	}
 	r, err := l.Relay(pub, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// newFailingRelay is newRelay for the tests of the table's retry path: a
+// batch the broker refuses whole goes to the table at once.
+func newFailingRelay(t *testing.T, l *fixtures.Log, pub core.Publisher, opts core.RelayOptions) *logrelay.Relay {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	r, err := logrelay.New(l.Box, pub, logrelay.Options{ConnString: l.DSN, Names: l.Names, Relay: opts, HoldOnBrokerDown: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +310,7 @@ func TestOrderedFailureHoldsItsAggregate(t *testing.T) {
 	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
 	rec := outboxtest.NewRecorder()
 	pub := &flaky{inner: rec, down: map[string]bool{"agg-0": true}}
-	r := newRelay(t, l, pub, core.RelayOptions{
+	r := newFailingRelay(t, l, pub, core.RelayOptions{
 		Ordering:     core.OrderingOn,
 		PollInterval: 50 * time.Millisecond,
 		Retry:        core.RetryPolicy{InitialBackoff: 700 * time.Millisecond, MaxBackoff: 700 * time.Millisecond, MaxAttempts: 1000},
@@ -453,7 +469,7 @@ func TestBrokerBackThroughTheTable(t *testing.T) {
 	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
 	rec := outboxtest.NewRecorder()
 	pub := &flaky{inner: rec, down: map[string]bool{"agg-0": true, "agg-1": true}}
-	r := newRelay(t, l, pub, core.RelayOptions{
+	r := newFailingRelay(t, l, pub, core.RelayOptions{
 		Ordering: core.OrderingOn, PollInterval: 50 * time.Millisecond,
 		Retry: core.RetryPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 1000},
 	})
@@ -471,4 +487,77 @@ func TestBrokerBackThroughTheTable(t *testing.T) {
 		t.Fatalf("the stream published %d events itself; the test wants it to publish none", c.Published)
 	}
 	waitFor(t, 5*time.Second, "the relay to report the broker back", func() bool { return !r.Health().BrokerDown })
+}
+
+// PostgreSQL keeps a slot's confirmed position on disk only when the
+// slot's restart position moves or at a checkpoint: a crash puts the slot
+// back at an older position, and without more the next relay sends again
+// everything since (every event, here). The relays record the position
+// they confirmed once a second, and a relay after the crash starts from
+// the later of the two: nothing confirmed is sent again.
+func TestServerCrashSendsNothingConfirmedAgain(t *testing.T) {
+	t.Parallel()
+	cl := testenv.StartCluster(t)
+	dsn := cl.NewDatabase(t)
+	db := testenv.OpenPostgresDSN(t, dsn)
+	s := fixtures.NewSQLX(t, sqlx.NewDb(db, "pgx"), dialect.Postgres, fixtures.Options{SkipInbox: true})
+	names := logrelay.Names{Table: s.Table.String(), Slot: "crash", Publication: "crash"}
+	if err := logrelay.Setup(t.Context(), dsn, names); err != nil {
+		t.Fatal(err)
+	}
+	rec := outboxtest.NewRecorder()
+	r, err := logrelay.New(s.Box, rec, logrelay.Options{ConnString: dsn, Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	evs := events(t, 2000, 10)
+	for i := 0; i < len(evs); i += 10 {
+		if err := s.Enqueue(t.Context(), evs[i:i+10], true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // confirmed, and recorded
+	var slot string
+	if err := db.QueryRowContext(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'crash'").Scan(&slot); err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Crash(t)
+	cl.Start(t)
+	// Drop the pool's connections to the crashed server.
+	db.SetMaxIdleConns(0)
+	db.SetMaxIdleConns(2)
+	var after string
+	if err := db.QueryRowContext(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'crash'").Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the slot's confirmed position: %s before the crash, %s after", slot, after)
+	again := outboxtest.NewRecorder()
+	r2, err := logrelay.New(s.Box, again, logrelay.Options{ConnString: dsn, Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, r2)
+	waitFor(t, 10*time.Second, "the relay after the crash to stream", r2.Streaming)
+	more := events(t, 10, 2)
+	for i := range more {
+		if err := s.Enqueue(t.Context(), more[i:i+1], true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := again.WaitDistinct(ctx, len(more)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := again.Distinct() - len(more); n != 0 {
+		t.Errorf("the relay after the crash sent %d of the %d confirmed events again", n, len(evs))
+	}
 }

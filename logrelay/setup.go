@@ -74,6 +74,7 @@ type resolved struct {
 	prefix      string // of the logical messages
 	fn, trigger string // quoted, qualified
 	quotedTable string
+	positions   string // PositionsTable, quoted, qualified
 }
 
 func (n Names) resolve() (resolved, error) {
@@ -104,11 +105,25 @@ func (n Names) resolve() (resolved, error) {
 	}
 	r.fn = dialect.Postgres.Quote(dialect.Identifier{Schema: id.Schema, Name: fnName})
 	r.trigger = `"` + TriggerName + `"`
+	r.positions = dialect.Postgres.Quote(dialect.Identifier{Schema: id.Schema, Name: PositionsTable})
 	return r, nil
 }
 
+// PositionsTable is the table, in the outbox's schema, where the relays
+// record the position they confirmed, once a second: PostgreSQL keeps a
+// slot's confirmed position on disk only when the slot's restart position
+// moves or at a checkpoint, so after a crash the slot reverts to an older
+// one, and the next relay starts from whichever of the two is later.
+const PositionsTable = "txoutbox_log_positions"
+
+// positionsDDL creates PositionsTable.
+func positionsDDL(r resolved) string {
+	return `CREATE TABLE IF NOT EXISTS ` + r.positions + ` (slot text PRIMARY KEY, lsn pg_lsn NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`
+}
+
 // Setup prepares a PostgreSQL database for log mode, idempotently, in this
-// order: the publication, the replication slot, then the trigger that turns
+// order: the publication, the replication slot, the positions table
+// (PositionsTable), then the trigger that turns
 // every insert into the outbox table into a transactional logical decoding
 // message (pg_logical_emit_message) and keeps the row out of the table.
 // The slot comes before the trigger so that no event is ever written while
@@ -166,6 +181,9 @@ func Setup(ctx context.Context, connString string, n Names) error {
 			return fmt.Errorf("%w: logrelay: slot %s exists with plugin %q on database %q; log mode needs a pgoutput slot on %q",
 				core.ErrInvalidOptions, r.slot, plugin, database, current)
 		}
+	}
+	if _, err := conn.Exec(ctx, positionsDDL(r)); err != nil {
+		return fmt.Errorf("logrelay: setup: create %s: %w", PositionsTable, err)
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -268,6 +286,14 @@ func Teardown(ctx context.Context, connString string, n Names, opts TeardownOpti
 	}
 	for _, stmt := range []string{`DROP PUBLICATION IF EXISTS "` + r.pub + `"`, "DROP FUNCTION IF EXISTS " + r.fn + "()"} {
 		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("logrelay: teardown: %w", err)
+		}
+	}
+	// The slot's recorded position goes with it (a table of a setup
+	// before the positions table has none).
+	if _, err := conn.Exec(ctx, "DELETE FROM "+r.positions+" WHERE slot = $1", r.slot); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
 			return fmt.Errorf("logrelay: teardown: %w", err)
 		}
 	}

@@ -47,12 +47,21 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 	if walStatus == "lost" {
 		return fmt.Errorf("%w: slot %s (wal_status lost): events written while it fell behind may be missing", ErrSlotInvalidated, r.names.slot)
 	}
+	// After a server crash the slot may be back at a position it kept on
+	// disk, older than the one the relays confirmed and recorded: start
+	// from the later. The server starts at the slot's position when it is
+	// the later one.
+	if rec := r.recorded(ctx); rec > start {
+		r.stream.Logger().Info("txoutbox: log: the slot is behind the position the relays recorded (a server crash); streaming from the recorded one",
+			"slot", r.names.slot, "slot_position", start, "recorded", rec)
+		start = rec
+	}
 	conn, err := pgconn.ConnectConfig(ctx, r.repl)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
-	err = pglogrepl.StartReplication(ctx, conn, r.names.slot, 0, pglogrepl.StartReplicationOptions{
+	err = pglogrepl.StartReplication(ctx, conn, r.names.slot, start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.names.pub + "'", "messages 'true'"},
 	})
 	if err != nil {
@@ -80,9 +89,20 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 			cancel()
 		}
 	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.record(sctx, uint64(start))
+	}()
 	recvErr := r.receive(sctx, conn, items)
 	cancel()
 	wg.Wait()
+	if ctx.Err() != nil {
+		// A graceful stop: record what was confirmed last.
+		fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		r.storeRecorded(fctx, r.stream.Confirmed())
+		fcancel()
+	}
 	if pubErr != nil {
 		return pubErr
 	}
@@ -246,4 +266,53 @@ func decodeEvent(b []byte) (core.Event, error) {
 		EventType: h.EventType, Payload: bytes.Clone(payload), Headers: h.Headers,
 		CreatedAt: h.CreatedAt, NextAttemptAt: h.CreatedAt,
 	}, nil
+}
+
+// recordEvery is how often a streaming relay records its confirmed
+// position in PositionsTable: what a server crash can make the next relay
+// send again.
+const recordEvery = time.Second
+
+// recorded is the position the relays recorded for the slot, or 0.
+func (r *Relay) recorded(ctx context.Context) pglogrepl.LSN {
+	var s string
+	if err := r.pool.QueryRow(ctx, "SELECT lsn::text FROM "+r.names.positions+" WHERE slot = $1", r.names.slot).Scan(&s); err != nil {
+		return 0 // none yet, or a setup older than the table
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		return 0
+	}
+	return lsn
+}
+
+// record records the confirmed position every recordEvery while it moves,
+// until ctx ends.
+func (r *Relay) record(ctx context.Context, from uint64) {
+	t := time.NewTicker(recordEvery)
+	defer t.Stop()
+	last := from
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if pos := r.stream.Confirmed(); pos > last && r.storeRecorded(ctx, pos) {
+			last = pos
+		}
+	}
+}
+
+// storeRecorded records pos; a failure (the database down, a setup older
+// than the table) only means a longer resend after a crash.
+func (r *Relay) storeRecorded(ctx context.Context, pos uint64) bool {
+	_, err := r.pool.Exec(ctx, "INSERT INTO "+r.names.positions+" (slot, lsn, updated_at) VALUES ($1, $2::text::pg_lsn, now())"+
+		" ON CONFLICT (slot) DO UPDATE SET lsn = greatest("+r.names.positions+".lsn, EXCLUDED.lsn), updated_at = now()",
+		r.names.slot, pglogrepl.LSN(pos).String())
+	if err != nil {
+		r.stream.Logger().Debug("txoutbox: log: record the confirmed position", "error", err)
+		return false
+	}
+	return true
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/binlogrelay"
 	"github.com/txoutbox/txoutbox/console"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
@@ -24,7 +25,7 @@ import (
 type consoleFlags struct {
 	addr, token, basicAuth, title string
 	readOnly                      bool
-	inboxTable, slot              string
+	inboxTable, slot, stream      string
 }
 
 func (f *consoleFlags) register(cmd *cobra.Command, addrFlag, addrDefault, addrHelp string) {
@@ -36,6 +37,7 @@ func (f *consoleFlags) register(cmd *cobra.Command, addrFlag, addrDefault, addrH
 	fl.StringVar(&f.title, "console-title", "", "name of the outbox on every page (default: the table)")
 	fl.StringVar(&f.inboxTable, "console-inbox-table", dialect.DefaultInboxTable, "the consumers' inbox table the console's inbox page reads, when it exists in this database")
 	fl.StringVar(&f.slot, "console-slot", logrelay.DefaultSlot, "log mode's slot the console's log page reads, when the table is in log mode")
+	fl.StringVar(&f.stream, "console-stream", binlogrelay.DefaultName, "MySQL/MariaDB: log mode's stream the console's log page reads, when the table is in log mode")
 }
 
 // isLoopback reports whether addr (host:port) listens on loopback only.
@@ -96,6 +98,18 @@ func (a *app) consoleExtras(ctx context.Context, f consoleFlags, db *database, o
 			// Through the console's pool: the page opens no connection.
 			names := logrelay.Names{Table: a.table, Slot: f.slot}
 			opts.Slot = func(ctx context.Context) (logrelay.SlotStatus, error) { return logrelay.StatusDB(ctx, db.db, names) }
+		}
+	}
+	if db.dialect == dialect.MySQL {
+		names := binlogrelay.Names{Table: a.table, Name: f.stream}
+		st, err := binlogrelay.ReadStatus(ctx, db.db, names)
+		if err != nil {
+			return fmt.Errorf("console: %w", err)
+		}
+		if st.Exists || st.DefaultSet {
+			opts.Binlog = func(ctx context.Context) (binlogrelay.Status, error) {
+				return binlogrelay.ReadStatus(ctx, db.db, names)
+			}
 		}
 	}
 	return nil

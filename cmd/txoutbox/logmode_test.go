@@ -202,6 +202,18 @@ func TestLogModeMySQL(t *testing.T) {
 	if !strings.Contains(r.stdout, "binlog held") || !strings.Contains(r.stdout, "position") {
 		t.Errorf("log status table:\n%s", r.stdout)
 	}
+	// The console shows the stream, streaming, through its own pool.
+	caddr, _ := startConsole(t, dsn, "--console-stream", stream)
+	resp, err := http.Get(caddr + "log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), "binlog stream "+stream) ||
+		!strings.Contains(string(page), `id="stream-state">yes<`) || !strings.Contains(string(page), `id="files-held">yes<`) {
+		t.Errorf("GET %slog: %d\n%s", caddr, resp.StatusCode, page)
+	}
 	// A graceful stop stores the position: the next relay sends nothing
 	// again.
 	if err := relay.Process.Signal(syscall.SIGTERM); err != nil {

@@ -64,7 +64,18 @@ type Options struct {
 	// whose earlier event is in the table wait in memory for the table to
 	// publish it before they are written to the table behind it.
 	SpillAfter time.Duration
+	// HoldOnBrokerDown is how long the stream retries, with backoff, a
+	// batch of which the broker took no event (it is down, or its
+	// connection is being restored), before it hands the batch to the
+	// table's retry path: a short outage then writes nothing to the table
+	// and sends nothing later than it has to. The position is not
+	// confirmed meanwhile, and what the reader reads waits in memory.
+	// 0 hands a failed batch over at once.
+	HoldOnBrokerDown time.Duration
 }
+
+// DefaultHoldOnBrokerDown is the readers' default HoldOnBrokerDown.
+const DefaultHoldOnBrokerDown = 5 * time.Second
 
 // Counters are a Stream's totals.
 type Counters struct {
@@ -349,7 +360,7 @@ func (s *Stream) handle(ctx context.Context, events []core.Event, held map[strin
 	if !s.order {
 		for start := 0; start < len(events); start += s.ropts.BatchSize {
 			chunk := events[start:min(start+s.ropts.BatchSize, len(events))]
-			fails, err := s.publish(ctx, chunk)
+			fails, err := s.publishHeld(ctx, chunk)
 			if err != nil {
 				return err
 			}
@@ -395,7 +406,7 @@ func (s *Stream) handle(ctx context.Context, events []core.Event, held map[strin
 		for k, i := range idx {
 			batch[k] = events[i]
 		}
-		fails, err := s.publish(ctx, batch)
+		fails, err := s.publishHeld(ctx, batch)
 		if err != nil {
 			return err
 		}
@@ -412,6 +423,34 @@ func (s *Stream) handle(ctx context.Context, events []core.Event, held map[strin
 		}
 	}
 	return s.toTable(ctx, toTable, held)
+}
+
+// publishHeld is publish, retried with backoff for up to HoldOnBrokerDown
+// while the broker takes no event of the batch and no failure is
+// permanent.
+func (s *Stream) publishHeld(ctx context.Context, events []core.Event) ([]*core.Failure, error) {
+	deadline := time.Now().Add(s.opts.HoldOnBrokerDown)
+	wait := 50 * time.Millisecond
+	for {
+		fails, err := s.publish(ctx, events)
+		if err != nil || !allTransient(fails) || time.Now().Add(wait).After(deadline) {
+			return fails, err
+		}
+		if !sleep(ctx, wait) {
+			return nil, ctx.Err()
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// allTransient reports whether every event failed, none for good.
+func allTransient(fails []*core.Failure) bool {
+	for _, f := range fails {
+		if f == nil || f.Dead {
+			return false
+		}
+	}
+	return len(fails) > 0
 }
 
 // publish publishes events and returns each one's failure (nil when the
@@ -460,7 +499,6 @@ func (s *Stream) publish(ctx context.Context, events []core.Event) ([]*core.Fail
 		}
 	}
 	s.c.published.Add(int64(ok))
-	s.c.failed.Add(int64(failed))
 	switch {
 	case ok > 0:
 		if s.brokerDown.CompareAndSwap(true, false) {
@@ -469,8 +507,8 @@ func (s *Stream) publish(ctx context.Context, events []core.Event) ([]*core.Fail
 	case failed > 0:
 		if s.brokerDown.CompareAndSwap(false, true) {
 			s.tableAtDown.Store(s.opts.Relay.Counters().Published)
-			s.log.Warn("txoutbox: log: the broker took no event of the batch; events go to the table's retry path (logged once until it takes events again)",
-				"events", len(events), "first_error", first)
+			s.log.Warn("txoutbox: log: the broker took no event of the batch; the stream retries it, then hands it to the table's retry path (logged once until it takes events again)",
+				"events", len(events), "hold", s.opts.HoldOnBrokerDown, "first_error", first)
 		}
 	}
 	if failed > 0 && ok > 0 {
@@ -491,18 +529,22 @@ func (s *Stream) toTable(ctx context.Context, rows []Row, held map[string]bool) 
 		return fmt.Errorf("txoutbox: log: hand %d events to the table's retry path: %w", len(rows), err)
 	}
 	s.opts.Relay.Notify()
-	var nheld, dead int
+	var nheld, nfailed, dead int
 	for _, r := range rows {
 		if r.Failure == nil {
 			nheld++
-		} else if r.Failure.Dead {
-			dead++
+		} else {
+			nfailed++
+			if r.Failure.Dead {
+				dead++
+			}
 		}
 		if s.order && r.Event.AggregateID != "" && (r.Failure == nil || !r.Failure.Dead || s.ropts.Ordered.DeadLetter == core.DeadLetterBlock) {
 			held[r.Event.AggregateID] = true
 		}
 	}
 	s.c.held.Add(int64(nheld))
+	s.c.failed.Add(int64(nfailed))
 	if dead > 0 {
 		s.log.Error("txoutbox: log: events dead-lettered (kept in the table; re-queue with txoutbox dead retry)", "dead_lettered", dead)
 	}

@@ -1,0 +1,336 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	gmysql "github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/go-mysql-org/go-mysql/replication"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/binlogrelay"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/mysqldsn"
+)
+
+// Tables of the MySQL log-mode and wake-up rows.
+const (
+	binlogTable = "binlog_events"
+	wakeTable   = "wake_events"
+)
+
+// binlogRows are scenario m's rows of log mode (binlogrelay) and of the
+// binlog wake-up: table mode's drain at its defaults and tuned, log mode's
+// drain against them and against reading the binlog alone, and the
+// latency across processes of both.
+func (b *bench) binlogRows(ctx context.Context, m *mysqlBench) ([]row, error) {
+	cfg, err := mysqldsn.Config(b.c.MySQLDSN)
+	if err != nil {
+		return nil, err
+	}
+	cfg.DBName = m.name
+	dsn := cfg.FormatDSN()
+	for _, table := range []string{binlogTable, wakeTable} {
+		if err := dialect.Migrate(ctx, m.db, dialect.MySQL, dialect.MigrateOptions{Table: table, SkipInbox: true, Logger: b.quiet}); err != nil {
+			return nil, err
+		}
+	}
+	store, err := sqlxoutbox.NewDB(m.db, sqlxoutbox.Options{Dialect: dialect.MySQL, Table: mysqlDrainTable, Logger: b.quiet})
+	if err != nil {
+		return nil, err
+	}
+	logStore, err := sqlxoutbox.NewDB(m.db, sqlxoutbox.Options{Dialect: dialect.MySQL, Table: binlogTable, Logger: b.quiet})
+	if err != nil {
+		return nil, err
+	}
+	n := b.c.MySQLBacklog
+	var defRates, tunedRates, logRates, rawRates, tunedVsDef, logVsTuned, logVsRaw []float64
+	for round := range b.c.Rounds {
+		// Table mode, at its defaults, then tuned: larger batches, four
+		// workers whose commits the server groups.
+		def, err := b.mysqlDrainRate(ctx, m.db, store, n, core.RelayOptions{})
+		if err != nil {
+			return nil, err
+		}
+		tuned, err := b.mysqlDrainRate(ctx, m.db, store, n, core.RelayOptions{BatchSize: 500, Concurrency: 4})
+		if err != nil {
+			return nil, err
+		}
+		// Log mode: a stream set up just before the backlog is written.
+		names := binlogrelay.Names{Table: binlogTable, Name: fmt.Sprintf("bench_%d", round)}
+		if err := binlogrelay.Setup(ctx, dsn, names); err != nil {
+			return nil, err
+		}
+		start, err := binlogStart(ctx, m.db, names)
+		if err != nil {
+			return nil, err
+		}
+		if err := mysqlInsertDue(ctx, m.db, logStore, n); err != nil {
+			return nil, err
+		}
+		lr, err := b.binlogDrainRate(ctx, logStore, dsn, names, n)
+		if err != nil {
+			return nil, err
+		}
+		rr, err := rawBinlogRate(ctx, m.db, cfg.Addr, cfg.User, cfg.Passwd, m.name, start, n)
+		if err != nil {
+			return nil, err
+		}
+		b.log.Info("mysql log drain", "round", round, "table_default_per_s", int(def), "table_tuned_per_s", int(tuned), "log_per_s", int(lr), "raw_binlog_per_s", int(rr))
+		defRates, tunedRates, logRates, rawRates = append(defRates, def), append(tunedRates, tuned), append(logRates, lr), append(rawRates, rr)
+		tunedVsDef, logVsTuned, logVsRaw = append(tunedVsDef, tuned/def), append(logVsTuned, lr/tuned), append(logVsRaw, lr/rr)
+	}
+	backlog := count(n)
+	rows := []row{
+		{name: fmt.Sprintf("m  MariaDB table-mode drain, batch 500 and 4 workers vs the defaults (batch 100, 1 worker), equal %s backlog", backlog),
+			value: median(tunedRates), baseline: median(defRates), ratios: tunedVsDef, unit: "/s", ratioX: true, target: "≥ 3×", pass: median(tunedVsDef) >= 3, verdict: true},
+		{name: "m  MariaDB log-mode drain (binlog) vs table mode tuned, same backlog", value: median(logRates), baseline: median(tunedRates), ratios: logVsTuned,
+			unit: "/s", ratioX: true, target: "—"},
+		{name: "m' MariaDB log-mode drain vs reading the binlog alone (the same replication client and decoding, no publish)", value: median(logRates), baseline: median(rawRates),
+			ratios: logVsRaw, unit: "/s", target: "≥ 80 %", pass: median(logVsRaw) >= 0.8, verdict: true},
+	}
+
+	// Latency across processes (as far as the relay knows: its own pool
+	// and store, the producers another), table mode woken by the binlog,
+	// then log mode.
+	wakeStore, err := sqlxoutbox.NewDB(m.db, sqlxoutbox.Options{Dialect: dialect.MySQL, Table: wakeTable, Logger: b.quiet})
+	if err != nil {
+		return nil, err
+	}
+	wake, err := b.mysqlLatency(ctx, m.db, wakeStore, func(ctx context.Context, pub core.Publisher, relayDB *sql.DB) (func(), error) {
+		relayStore, err := sqlxoutbox.NewDB(relayDB, sqlxoutbox.Options{Dialect: dialect.MySQL, Table: wakeTable, Logger: b.quiet})
+		if err != nil {
+			return nil, err
+		}
+		relay, err := core.NewRelay(relayStore, pub, core.RelayOptions{Logger: b.quiet})
+		if err != nil {
+			return nil, err
+		}
+		w, err := binlogrelay.NewWatcher(dsn, relay, binlogrelay.WatcherOptions{Table: wakeTable, Logger: b.quiet})
+		if err != nil {
+			return nil, err
+		}
+		return runAll(ctx, relay.Run, w.Run), nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wake-up latency: %w", err)
+	}
+	latNames := binlogrelay.Names{Table: binlogTable, Name: "bench_latency"}
+	if err := binlogrelay.Setup(ctx, dsn, latNames); err != nil {
+		return nil, err
+	}
+	logLat, err := b.mysqlLatency(ctx, m.db, logStore, func(ctx context.Context, pub core.Publisher, relayDB *sql.DB) (func(), error) {
+		relayStore, err := sqlxoutbox.NewDB(relayDB, sqlxoutbox.Options{Dialect: dialect.MySQL, Table: binlogTable, Logger: b.quiet})
+		if err != nil {
+			return nil, err
+		}
+		r, err := binlogrelay.New(relayStore, pub, binlogrelay.Options{DSN: dsn, Names: latNames, Relay: core.RelayOptions{Logger: b.quiet}})
+		if err != nil {
+			return nil, err
+		}
+		return runAll(ctx, r.Run), nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("log-mode latency: %w", err)
+	}
+	rate := fmt.Sprintf("%d/s", b.c.LatencyRate)
+	rows = append(rows,
+		row{name: "m  MariaDB table-mode latency p50 at " + rate + ", relay woken by the binlog (commit → published; producers on another pool)", value: ms(wake.p50), unit: "ms", target: "—"},
+		row{name: "m  MariaDB table-mode latency p99, binlog wake-up", value: ms(wake.p99), unit: "ms", target: "≤ 10 ms", pass: ms(wake.p99) <= 10, verdict: true},
+		row{name: "m  MariaDB log-mode latency p50 at " + rate + " (commit → published)", value: ms(logLat.p50), unit: "ms", target: "—"},
+		row{name: "m  MariaDB log-mode latency p99", value: ms(logLat.p99), unit: "ms", target: "≤ 10 ms", pass: ms(logLat.p99) <= 10, verdict: true},
+	)
+	return rows, nil
+}
+
+// runAll runs fns until the returned stop is called, which waits for them.
+func runAll(ctx context.Context, fns ...func(context.Context) error) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{}, len(fns))
+	for _, f := range fns {
+		go func() { _ = f(ctx); done <- struct{}{} }()
+	}
+	return func() {
+		cancel()
+		for range fns {
+			<-done
+		}
+	}
+}
+
+// mysqlDrainRate writes n due events into store's table and returns the
+// rate at which a relay with opts drains them.
+func (b *bench) mysqlDrainRate(ctx context.Context, db *sql.DB, store *sqlxoutbox.Outbox, n int, opts core.RelayOptions) (float64, error) {
+	if err := mysqlFill(ctx, db, store, n); err != nil {
+		return 0, err
+	}
+	opts.Logger = b.quiet
+	pub := &memPublisher{}
+	relay, err := core.NewRelay(store, pub, opts)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if _, err := relay.Drain(ctx); err != nil {
+		return 0, err
+	}
+	if got := pub.n.Load(); got != int64(n) {
+		return 0, fmt.Errorf("drained %d events of %d", got, n)
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// binlogStart is the stream's stored position.
+func binlogStart(ctx context.Context, db *sql.DB, names binlogrelay.Names) (binlogrelay.Position, error) {
+	st, err := binlogrelay.ReadStatus(ctx, db, names)
+	return st.Position, err
+}
+
+// binlogDrainRate runs a log relay on names until it published n events.
+func (b *bench) binlogDrainRate(ctx context.Context, store *sqlxoutbox.Outbox, dsn string, names binlogrelay.Names, n int) (float64, error) {
+	pub := &memPublisher{}
+	r, err := binlogrelay.New(store, pub, binlogrelay.Options{DSN: dsn, Names: names, Relay: core.RelayOptions{BatchSize: 500, Logger: b.quiet}})
+	if err != nil {
+		return 0, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(rctx) }()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for pub.n.Load() < int64(n) {
+		select {
+		case err := <-done:
+			return 0, fmt.Errorf("log relay stopped: %w", err)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-tick.C:
+		}
+	}
+	el := time.Since(start)
+	cancel()
+	if err := <-done; err != nil {
+		return 0, err
+	}
+	return float64(n) / el.Seconds(), nil
+}
+
+// rawBinlogRate reads n inserted rows of binlogTable from start with the
+// replication client the stream uses, decoding the table's inserts only,
+// and nothing else: no transaction bookkeeping, no publish, no position.
+func rawBinlogRate(ctx context.Context, db *sql.DB, addr, user, pass, database string, start binlogrelay.Position, n int) (float64, error) {
+	var v string
+	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v); err != nil {
+		return 0, err
+	}
+	flavor := gmysql.MySQLFlavor
+	if strings.Contains(strings.ToLower(v), "mariadb") {
+		flavor = gmysql.MariaDBFlavor
+	}
+	host, port, ok := strings.Cut(addr, ":")
+	if !ok {
+		port = "3306"
+	}
+	var p uint16
+	if _, err := fmt.Sscan(port, &p); err != nil {
+		return 0, err
+	}
+	syncer := replication.NewBinlogSyncer(replication.BinlogSyncerConfig{
+		ServerID: uint32(time.Now().UnixNano()%1_000_000) + 2_000_000, Flavor: flavor, Host: host, Port: p, User: user, Password: pass,
+		Logger: slog.New(slog.DiscardHandler), DisableRetrySync: true,
+		RowsEventDecodeFunc: func(e *replication.RowsEvent, data []byte) error {
+			pos, err := e.DecodeHeader(data)
+			if err != nil {
+				return err
+			}
+			if string(e.Table.Schema) != database || string(e.Table.Table) != binlogTable || e.Type() != replication.EnumRowsEventTypeInsert {
+				return nil
+			}
+			return e.DecodeData(pos, data)
+		},
+	})
+	defer syncer.Close()
+	t0 := time.Now()
+	s, err := syncer.StartSync(gmysql.Position{Name: start.File, Pos: start.Offset})
+	if err != nil {
+		return 0, err
+	}
+	got := 0
+	for got < n {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		ev, err := s.GetEvent(rctx)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("after %d rows: %w", got, err)
+		}
+		if re, ok := ev.Event.(*replication.RowsEvent); ok {
+			got += len(re.Rows)
+		}
+	}
+	return float64(n) / time.Since(t0).Seconds(), nil
+}
+
+// mysqlLatency runs producers at LatencyRate for LatencyFor on db, each
+// event in a transaction of its own, while the relay that start runs (on
+// its own pool) publishes: latency runs from just before COMMIT to the
+// publish.
+func (b *bench) mysqlLatency(ctx context.Context, db *sql.DB, box *sqlxoutbox.Outbox,
+	start func(ctx context.Context, pub core.Publisher, relayDB *sql.DB) (stop func(), err error)) (latencies, error) {
+	cfg, err := mysqldsn.Config(b.c.MySQLDSN)
+	if err != nil {
+		return latencies{}, err
+	}
+	var name string
+	if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&name); err != nil {
+		return latencies{}, err
+	}
+	cfg.DBName, cfg.InterpolateParams = name, true
+	relayDB, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return latencies{}, err
+	}
+	defer relayDB.Close()
+	published := newPublishTimes()
+	stop, err := start(ctx, published, relayDB)
+	if err != nil {
+		return latencies{}, err
+	}
+	defer stop()
+	time.Sleep(time.Second) // the relay streams or watches
+	ids, committed, _, _, err := b.paced(ctx, func(ctx context.Context, i int) (string, time.Time, error) {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		evs := []core.Event{{AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i%1000), EventType: "order.created", Payload: []byte(orderPayload(i))}}
+		if err := box.Enqueue(ctx, tx, evs...); err != nil {
+			_ = tx.Rollback()
+			return "", time.Time{}, err
+		}
+		t0 := time.Now()
+		if err := tx.Commit(); err != nil {
+			return "", time.Time{}, err
+		}
+		return evs[0].ID, t0, nil
+	})
+	if err != nil {
+		return latencies{}, err
+	}
+	if err := published.wait(len(ids), 30*time.Second); err != nil {
+		return latencies{}, err
+	}
+	published.mu.Lock()
+	defer published.mu.Unlock()
+	var lat []time.Duration
+	for i := len(ids) / 20; i < len(ids); i++ {
+		lat = append(lat, max(published.at[ids[i]].Sub(committed[i]), 0))
+	}
+	return latencies{p50: percentile(lat, 0.50), p99: percentile(lat, 0.99)}, nil
+}

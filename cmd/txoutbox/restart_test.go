@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/mysqldsn"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/logrelay"
+)
+
+// Log mode confirms its position as the broker confirms: two log relays
+// on one stream, the streaming one SIGKILLed every 1.5-2.5 s and started
+// again, producers committing 500 events/s. What a takeover sends again is
+// what the killed relay published in its last moments (bounded by 200 ms
+// of events and a batch), and below 1 % of the events in all.
+func TestLogModeKillsSendLittleAgain(t *testing.T) {
+	t.Parallel()
+	for _, db := range []string{"postgres", "mariadb"} {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			dsn, driver, driverDSN, modeArgs := logModeDatabase(t, db)
+			conn, err := sql.Open(driver, driverDSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close() })
+			ob, err := sqlxoutbox.NewDB(conn, sqlxoutbox.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := &fixture{dsn: dsn, db: conn, ob: ob}
+			relayArgs := append([]string{"--mode", "log", "--broker", "log://", "--stats-interval", "100ms"}, modeArgs...)
+			type proc struct {
+				cmd    *exec.Cmd
+				stdout *lockedBuffer
+				addr   string
+			}
+			start := func() *proc {
+				cmd, stdout, _, addr := startRelay(t, dsn, relayArgs...)
+				return &proc{cmd, stdout, addr}
+			}
+			streaming := func(p *proc) bool {
+				resp, err := http.Get("http://" + p.addr + "/metrics")
+				if err != nil {
+					return false
+				}
+				defer resp.Body.Close()
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					if sc.Text() == "txoutbox_log_streaming 1" {
+						return true
+					}
+				}
+				return false
+			}
+			relays := []*proc{start(), start()}
+			waitFor(t, 30*time.Second, "a relay to stream", func() bool { return streaming(relays[0]) || streaming(relays[1]) })
+
+			// 500 events/s, one per transaction, for 10 s.
+			const rate, seconds = 500, 10
+			var produced atomic.Int64
+			prodDone := make(chan struct{})
+			var prodErr error
+			go func() {
+				defer close(prodDone)
+				tick := time.NewTicker(time.Second / rate)
+				defer tick.Stop()
+				for i := 0; i < rate*seconds; i++ {
+					<-tick.C
+					ev, err := core.NewEvent("order", fmt.Sprintf("o-%d", i%7), "order.created", map[string]int{"n": i})
+					if err == nil {
+						err = enqueueOne(f, ev)
+					}
+					if err != nil {
+						prodErr = err
+						return
+					}
+					produced.Add(1)
+				}
+			}()
+			var outputs []*lockedBuffer // of every relay process, killed or not
+			var kills []int             // index in outputs of each killed process
+			var mu sync.Mutex
+			for _, p := range relays {
+				outputs = append(outputs, p.stdout)
+			}
+			for {
+				select {
+				case <-prodDone:
+				case <-time.After(1500*time.Millisecond + time.Duration(time.Now().UnixNano()%1000)*time.Millisecond):
+					for i, p := range relays {
+						if !streaming(p) {
+							continue
+						}
+						_ = p.cmd.Process.Signal(syscall.SIGKILL)
+						_ = p.cmd.Wait()
+						mu.Lock()
+						for k, o := range outputs {
+							if o == p.stdout {
+								kills = append(kills, k)
+							}
+						}
+						relays[i] = start()
+						outputs = append(outputs, relays[i].stdout)
+						mu.Unlock()
+						break
+					}
+					continue
+				}
+				break
+			}
+			if prodErr != nil {
+				t.Fatal(prodErr)
+			}
+			// Every event out, then count what came out twice.
+			total := int(produced.Load())
+			var seen map[string]int
+			var firstBy map[string]int
+			waitFor(t, 60*time.Second, "every event published", func() bool {
+				seen, firstBy = map[string]int{}, map[string]int{}
+				for k, o := range outputs {
+					for _, id := range sinkIDsLenient(o.String()) {
+						if _, ok := firstBy[id]; !ok {
+							firstBy[id] = k
+						}
+						seen[id]++
+					}
+				}
+				return len(seen) >= total
+			})
+			dups := 0
+			for _, n := range seen {
+				dups += n - 1
+			}
+			// Per kill: what the killed process printed that a later one
+			// printed again.
+			worst := 0
+			for _, k := range kills {
+				again := 0
+				for _, id := range sinkIDsLenient(outputs[k].String()) {
+					if seen[id] > 1 && firstBy[id] == k {
+						again++
+					}
+				}
+				worst = max(worst, again)
+			}
+			t.Logf("%s: %d events, %d streaming relays SIGKILLed, %d sent again (%.2f %%), at most %d after one kill",
+				db, total, len(kills), dups, 100*float64(dups)/float64(total), worst)
+			pairs := map[[2]int]int{}
+			for k, o := range outputs {
+				for _, id := range sinkIDsLenient(o.String()) {
+					if seen[id] > 1 && firstBy[id] != k {
+						pairs[[2]int{firstBy[id], k}]++
+					}
+				}
+			}
+			t.Logf("sent again, by (first process, later process): %v; killed: %v", pairs, kills)
+			if len(kills) < 3 {
+				t.Errorf("only %d kills: the test did not kill enough", len(kills))
+			}
+			if float64(dups) >= 0.01*float64(total) {
+				t.Errorf("%d of %d events sent again after %d kills: over 1 %%", dups, total, len(kills))
+			}
+			if limit := rate / 5; worst > limit {
+				t.Errorf("one takeover sent %d events again, over the last 200 ms of events (%d)", worst, limit)
+			}
+		})
+	}
+}
+
+// sinkIDsLenient is sinkIDs over a killed process's output: a last line
+// cut off by the kill is not an event.
+func sinkIDsLenient(out string) []string {
+	var ids []string
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var l sinkLine
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.EventID != "" {
+			ids = append(ids, l.EventID)
+		}
+	}
+	return ids
+}
+
+// logModeDatabase makes a database of db (postgres or mariadb) in log mode
+// and returns its DSN for the CLI, the driver and DSN for the test's own
+// pool, and the relay's flags naming the slot or stream.
+func logModeDatabase(t *testing.T, db string) (dsn, driver, driverDSN string, args []string) {
+	t.Helper()
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	name := "kill_" + hex.EncodeToString(b)
+	if db == "postgres" {
+		dsn = testenv.PostgresDSN(t)
+		names := logrelay.Names{Slot: name, Publication: name}
+		t.Cleanup(func() { _ = logrelay.Teardown(context.Background(), dsn, names, logrelay.TeardownOptions{Force: true}) })
+		ok(t, dsn, "migrate", "--mode", "log", "--slot", name, "--publication", name)
+		return dsn, "pgx", dsn, []string{"--slot", name, "--publication", name}
+	}
+	driverDSN = testenv.MySQLDSN(t)
+	cfg, err := mysqldsn.Config(driverDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn = "mysql://" + url.UserPassword(cfg.User, cfg.Passwd).String() + "@" + cfg.Addr + "/" + cfg.DBName
+	ok(t, dsn, "migrate", "--mode", "log", "--stream", name)
+	return dsn, "mysql", driverDSN, []string{"--stream", name}
+}
+
+// enqueueOne commits ev in a transaction of its own.
+func enqueueOne(f *fixture, ev core.Event) error {
+	ctx := context.Background()
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f.ob.Enqueue(ctx, tx, ev); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
