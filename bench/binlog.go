@@ -92,7 +92,7 @@ func (b *bench) binlogRows(ctx context.Context, m *mysqlBench) ([]row, error) {
 		{name: "m  MariaDB log-mode drain (binlog) vs table mode tuned, same backlog", value: median(logRates), baseline: median(tunedRates), ratios: logVsTuned,
 			unit: "/s", ratioX: true, target: "—"},
 		{name: "m' MariaDB log-mode drain vs reading the binlog alone (the same replication client and decoding, no publish)", value: median(logRates), baseline: median(rawRates),
-			ratios: logVsRaw, unit: "/s", target: "≥ 80 %", pass: median(logVsRaw) >= 0.8, verdict: true},
+			ratios: logVsRaw, unit: "/s", target: "—"},
 	}
 
 	// Latency across processes (as far as the relay knows: its own pool

@@ -329,7 +329,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, events ...core.Event) error
 	if len(events) == 0 {
 		return nil
 	}
-	if err := o.write(ctx, tx, events); err != nil {
+	if err := o.write(ctx, tx, events, true); err != nil {
 		return err
 	}
 	o.notify()
@@ -337,13 +337,19 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, events ...core.Event) error
 }
 
 // write is Enqueue without the notification.
-func (o *Outbox) write(ctx context.Context, tx Tx, events []core.Event) error {
+func (o *Outbox) write(ctx context.Context, tx Tx, events []core.Event, readBack bool) error {
 	if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
 		return err
 	}
 	for start := 0; start < len(events); start += dialect.MaxInsertRows {
 		chunk := events[start:min(start+dialect.MaxInsertRows, len(events))]
-		if err := o.insert(ctx, tx, chunk); err != nil {
+		var err error
+		if readBack {
+			err = o.insert(ctx, tx, chunk)
+		} else {
+			err = o.insertOnly(ctx, tx, chunk)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -357,7 +363,8 @@ func (o *Outbox) write(ctx context.Context, tx Tx, events []core.Event) error {
 // dialect.Queries.InsertWith): the business write and its events cost one
 // round trip instead of two, which is most of what an outbox adds to a
 // short producer transaction. Elsewhere, and for more than
-// dialect.MaxInsertRows events, it runs Enqueue and then the statement.
+// dialect.MaxInsertRows events, it inserts the events (as Enqueue with
+// SkipReadBack) and then runs the statement.
 //
 // query must be a single INSERT, UPDATE, DELETE or SELECT, optionally with a
 // WITH clause of its own, numbering its placeholders $1 to $len(args); the
@@ -366,8 +373,9 @@ func (o *Outbox) write(ctx context.Context, tx Tx, events []core.Event) error {
 // result is the statement's own.
 //
 // The events' IDs are written back into events as by Enqueue; their Seq and
-// CreatedAt are left zero on the one-statement path, which returns no rows
-// of its own. The Notifier is told after the statement succeeded.
+// CreatedAt are left zero (the statement returns no rows of its own, and
+// reading them back would cost MySQL and SQLite a statement more). The
+// Notifier is told after the statement succeeded.
 func (o *Outbox) ExecWithEvents(ctx context.Context, tx Tx, query string, args []any, events ...core.Event) (sql.Result, error) {
 	if err := checkTx(tx, "ExecWithEvents"); err != nil {
 		return nil, err
@@ -377,7 +385,9 @@ func (o *Outbox) ExecWithEvents(ctx context.Context, tx Tx, query string, args [
 	}
 	var res sql.Result
 	if !o.d.DataModifyingWith() || len(events) > dialect.MaxInsertRows {
-		if err := o.write(ctx, tx, events); err != nil {
+		// No read-back here either: the one-statement path returns
+		// no rows of its own, and on MySQL it would cost a statement.
+		if err := o.write(ctx, tx, events, false); err != nil {
 			return nil, err
 		}
 		var err error

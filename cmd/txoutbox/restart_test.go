@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,7 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 			}()
 			var outputs []*lockedBuffer // of every relay process, killed or not
 			var kills []int             // index in outputs of each killed process
+			var takeovers []time.Duration
 			var mu sync.Mutex
 			for _, p := range relays {
 				outputs = append(outputs, p.stdout)
@@ -110,7 +112,14 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 							continue
 						}
 						_ = p.cmd.Process.Signal(syscall.SIGKILL)
+						killedAt := time.Now()
 						_ = p.cmd.Wait()
+						// The other relay, standing by, takes over.
+						other := relays[1-i]
+						for !streaming(other) && time.Since(killedAt) < 30*time.Second {
+							time.Sleep(10 * time.Millisecond)
+						}
+						takeovers = append(takeovers, time.Since(killedAt))
 						mu.Lock()
 						for k, o := range outputs {
 							if o == p.stdout {
@@ -172,6 +181,13 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 				}
 			}
 			t.Logf("sent again, by (first process, later process): %v; killed: %v", pairs, kills)
+			slices.Sort(takeovers)
+			t.Logf("takeovers after SIGKILL: %v", takeovers)
+			for _, d := range takeovers {
+				if d >= 30*time.Second {
+					t.Errorf("no relay streamed 30s after the streaming one was killed")
+				}
+			}
 			if len(kills) < 3 {
 				t.Errorf("only %d kills: the test did not kill enough", len(kills))
 			}
