@@ -10,7 +10,8 @@
 # 10.11 (Debian's mariadb-server, a throwaway datadir, durable too, with its binlog),
 # RabbitMQ (Debian's rabbitmq-server, two nodes with their own names and ports: the
 # second for the tests that stop the broker), the goaws SNS/SQS
-# emulator and the gofakes3 S3 server (each built from its Go module).
+# emulator and the gofakes3 S3 server (each built from its Go module), and
+# nats-server with JetStream on disk (Debian's nats-server).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +25,7 @@ AMQP_DIST_PORT=${TXOUTBOX_AMQP_DIST_PORT:-24673}
 SNS_PORT=${TXOUTBOX_SNS_PORT:-24100}
 MARIADB_PORT=${TXOUTBOX_MARIADB_PORT:-24306}
 S3_PORT=${TXOUTBOX_S3_PORT:-24900}
+NATS_PORT=${TXOUTBOX_NATS_PORT:-24222}
 case "${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}" in
 *@*)
 	echo "services: TXOUTBOX_RABBITMQ_NODENAME=$TXOUTBOX_RABBITMQ_NODENAME: give the name without @host (@localhost is added)" >&2
@@ -332,6 +334,36 @@ stop_s3() {
 	if [ -f "$SVC/s3.pid" ]; then kill "$(cat "$SVC/s3.pid")" 2>/dev/null || true; rm -f "$SVC/s3.pid"; fi
 }
 
+start_nats() {
+	# Debian's nats-server (2.9): JetStream with file storage, on loopback.
+	# Tests that stop or crash a server start their own (testenv.StartNATS).
+	need_pkg nats-server nats-server
+	if [ -f "$SVC/nats.pid" ] && kill -0 "$(cat "$SVC/nats.pid")" 2>/dev/null; then
+		log "nats-server already running on $NATS_PORT"
+		return
+	fi
+	port_free "$NATS_PORT" nats-server NATS
+	rm -rf "$SVC/nats"
+	mkdir -p "$SVC/nats"
+	(exec nohup nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$SVC/nats/js" -l "$SVC/nats/log" </dev/null >/dev/null 2>&1) &
+	echo $! >"$SVC/nats.pid"
+	local i
+	for i in $(seq 1 100); do
+		if grep -q "Server is ready" "$SVC/nats/log" 2>/dev/null; then
+			log "nats-server $(nats-server --version | cut -d' ' -f2) up on 127.0.0.1:$NATS_PORT"
+			return
+		fi
+		sleep 0.1
+	done
+	log "nats-server did not start; its log:"
+	cat "$SVC/nats/log" >&2
+	return 1
+}
+
+stop_nats() {
+	if [ -f "$SVC/nats.pid" ]; then kill "$(cat "$SVC/nats.pid")" 2>/dev/null || true; rm -f "$SVC/nats.pid"; fi
+}
+
 write_env() {
 	cat >"$SVC/env" <<ENV
 export TXOUTBOX_PG_DSN='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
@@ -340,6 +372,7 @@ export TXOUTBOX_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
 export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBIT_NODE'
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'
 export TXOUTBOX_CHROMIUM='/usr/bin/chromium'
+export TXOUTBOX_NATS_URL='nats://127.0.0.1:$NATS_PORT'
 export TXOUTBOX_S3_URL='s3://txoutbox?endpoint=http://127.0.0.1:$S3_PORT&use_path_style=true&region=us-east-1&anonymous=true'
 export TXOUTBOX_RABBITMQ_ENV='$(rabbit_env "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq")'
 # The node the outage tests stop and start (make test points them at it).
@@ -358,6 +391,7 @@ stop_all() {
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$OUTAGE_NODE" stop >&2 2>/dev/null || true
 	stop_goaws
 	stop_s3
+	stop_nats
 	stop_mariadb
 }
 
@@ -372,6 +406,7 @@ start)
 	start_rabbitmq "$OUTAGE_NODE" "$OUTAGE_AMQP_PORT" "$OUTAGE_AMQP_DIST_PORT" "$SVC/rabbitmq-outage" OUTAGE_AMQP
 	start_goaws
 	start_s3
+	start_nats
 	write_env
 	;;
 stop) stop_all ;;
