@@ -44,7 +44,10 @@ func connect(rawURL, name string, log *slog.Logger) (*nats.Conn, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectBufSize(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			if c.IsClosed() {
+				return // our own Close
+			}
 			log.Warn("natsbroker: disconnected; reconnecting", "client", name, "err", err)
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {

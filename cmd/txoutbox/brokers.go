@@ -29,6 +29,12 @@ const brokerHelp = `Broker URLs (--broker):
   sns://?region=eu-west-1&create_topics=true   AWS SNS
       ?endpoint=http://localhost:4100  an emulator or a VPC endpoint
       ?topic_arn_prefix=arn:aws:sns:eu-west-1:123456789012:
+  nats://user:pass@host:4222?stream=ORDERS   NATS JetStream, acknowledged publishes,
+      the event ID as Nats-Msg-Id (tls:// for TLS is nats://...?tls=true)
+      ?stream=NAME               the stream that stores the events (required)
+      ?subjects=order.>,pay.>    create the stream with these subjects (or update it)
+      ?duplicate_window=2m       its duplicate window when created or updated
+      ?ack_timeout=10s           how long to wait for JetStream's acknowledgement
   The topic of an event is its event type.`
 
 // publisher is what relay publishes to, and closes on shutdown.
@@ -48,6 +54,7 @@ var brokerParams = map[string][]string{
 	"amqps": {"exchange", "exchange_type", "consumers", "heartbeat", "connection_timeout", "channel_max", "frame_max", "auth_mechanism", "certfile", "keyfile", "cacertfile", "server_name_indication"},
 	"kafka": {},
 	"sns":   {"region", "endpoint", "create_topics", "topic_arn_prefix", "max_batch_size", "fifo_only"},
+	"nats":  {"stream", "subjects", "duplicate_window", "ack_timeout", "tls"},
 }
 
 // checkBrokerURL refuses a broker URL that cannot work, before anything
@@ -59,10 +66,10 @@ func checkBrokerURL(rawURL string) error {
 	}
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
-		return usagef("the broker is not a URL (want log://, memory://, amqp://, kafka:// or sns://)")
+		return usagef("the broker is not a URL (want log://, memory://, amqp://, kafka://, sns:// or nats://)")
 	}
 	if _, ok := brokerParams[scheme]; !ok {
-		return usagef("unsupported broker scheme %q (want log, memory, amqp, amqps, kafka or sns)", scheme)
+		return usagef("unsupported broker scheme %q (want log, memory, amqp, amqps, kafka, sns or nats)", scheme)
 	}
 	var query url.Values
 	if scheme == "kafka" {
@@ -157,6 +164,8 @@ func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.
 		return p, nil
 	case "sns":
 		return openSNS(ctx, rawURL, log)
+	case "nats":
+		return openNATS(ctx, rawURL, log)
 	}
 	return nil, usagef("unsupported broker scheme %q", scheme)
 }

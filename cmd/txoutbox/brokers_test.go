@@ -17,6 +17,7 @@ import (
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	natsbroker "github.com/txoutbox/txoutbox/brokers/nats"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/tracing"
@@ -186,5 +187,43 @@ func TestRelayToSNS(t *testing.T) {
 	r = run(t, "", nil, "relay", "--dsn", f.dsn, "--broker", "sns://?region=us-east-1", "--drain", "--http-addr", "")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "create_topics") {
 		t.Fatalf("sns:// without topics: exit %d\n%s", r.code, r.stderr)
+	}
+}
+
+// TestRelayToNATS runs the relay against the real nats-server: the stream
+// is created from ?subjects=, every event is acknowledged by JetStream
+// before it is marked published, and a consumer reads them back.
+func TestRelayToNATS(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	sfx := testenv.RandomSuffix()
+	eventType := "cli.nats." + sfx
+	evs := f.enqueue(t, eventType, "7", 6)
+	natsURL := testenv.NATSURL(t)
+	stream := "CLI" + sfx
+	r := ok(t, f.dsn, "relay", "--broker", natsURL+"?stream="+stream+"&subjects=cli.nats."+sfx+"&duplicate_window=1m", "--drain", "--http-addr", "")
+	if n := f.count(t, "published_at IS NULL"); n != 0 {
+		t.Fatalf("%d events unpublished:\n%s", n, r.stderr)
+	}
+	// JetStream keeps one aggregate's order, so the relay runs ordered.
+	if !strings.Contains(r.stderr, "ordered=true") {
+		t.Fatalf("the relay to NATS did not run ordered by default:\n%s", r.stderr)
+	}
+	sub, err := natsbroker.NewSubscriber(natsbroker.SubscriberOptions{URL: natsURL, Stream: stream, Consumer: "cli-test", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	got, wait := receive(t, sub, eventType, len(evs))
+	wait()
+	for _, ev := range evs {
+		if msg := got[ev.ID]; msg == nil || msg.Metadata.Get(core.HeaderAggregateID) != "7" {
+			t.Fatalf("event %s: %v", ev.ID, msg)
+		}
+	}
+	// Without ?stream= it is a usage error, before anything connects.
+	r = run(t, "", nil, "relay", "--dsn", f.dsn, "--broker", natsURL, "--drain", "--http-addr", "")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "stream=") {
+		t.Fatalf("nats:// without a stream: exit %d\n%s", r.code, r.stderr)
 	}
 }

@@ -44,6 +44,8 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		{"broker, no scheme", nil, []string{"relay", "--dsn", f.dsn, "--fail-fast", "--http-addr", "", "--broker", "guest:" + planted + "@" + dead}},
 		{"broker, unreachable", nil, []string{"relay", "--dsn", f.dsn, "--fail-fast", "--http-addr", "", "--broker", "amqp://guest:" + planted + "@" + dead + "/"}},
 		{"broker, unknown parameter", nil, []string{"relay", "--dsn", f.dsn, "--fail-fast", "--http-addr", "", "--broker", "amqp://guest:" + planted + "@" + dead + "/?consumer=x"}},
+		{"nats, unreachable", nil, []string{"relay", "--dsn", f.dsn, "--fail-fast", "--http-addr", "", "--broker", "nats://user:" + planted + "@" + dead + "?stream=S"}},
+		{"nats, no stream", nil, []string{"relay", "--dsn", f.dsn, "--fail-fast", "--http-addr", "", "--broker", "nats://user:" + planted + "@" + dead}},
 		{"kafka with credentials", nil, []string{"relay", "--dsn", f.dsn, "--fail-fast", "--http-addr", "", "--broker", "kafka://user:" + planted + "@" + dead}},
 		{"broker in the environment", []string{"TXOUTBOX_BROKER=amqp://guest:" + url.QueryEscape(planted) + "@" + dead + "/"}, []string{"relay", "--dsn", f.dsn, "--fail-fast", "--http-addr", ""}},
 	}
