@@ -34,8 +34,11 @@
 // so that its retry cannot be overtaken. The publisher therefore reports
 // that it keeps aggregate order (core.PublisherCapabilities) and a relay
 // with the default core.OrderingAuto runs in ordered mode. Consumers see
-// stream order when they acknowledge in order: the Subscriber hands out one
-// message at a time per subscription.
+// stream order, redeliveries included, when JetStream holds the next
+// message back until the previous one is acknowledged: the Subscriber's
+// durable consumers do by default (SubscriberOptions.MaxAckPending 1,
+// shared by every instance of the consumer group); raise it for throughput
+// where order does not matter.
 //
 // Headers: the event's headers (core.Event.MessageHeaders) become NATS
 // headers. An event NATS can never carry (larger than the server's

@@ -32,16 +32,25 @@ type SubscriberOptions struct {
 	// AckWait is how long JetStream waits for a message's acknowledgement
 	// before it delivers the message again. Default 30s.
 	AckWait time.Duration
+	// MaxAckPending is how many messages JetStream delivers to the
+	// consumer ahead of their acknowledgements. Default 1: the next
+	// message waits for the previous one's ack, so that a message
+	// redelivered (after a nack, or after AckWait when a consumer died
+	// holding it) is never overtaken by a later one, which keeps one
+	// aggregate's events in order. A larger value pulls ahead for
+	// throughput and gives up that order on redelivery.
+	MaxAckPending int
 	// Logger receives consumer logs. Default slog.Default().
 	Logger *slog.Logger
 }
 
 // Subscriber is a Watermill message.Subscriber on durable JetStream
 // consumers. A message's UUID is its event ID and its metadata holds the
-// event's headers. One subscription hands out one message at a time: the
-// next comes once the previous one was acked or nacked, so a handler sees
-// one aggregate's events in stream order. A nacked message is delivered
-// again at once.
+// event's headers. One subscription hands out one message at a time, and
+// by default JetStream delivers the next only once the previous one was
+// acked (SubscriberOptions.MaxAckPending), so a handler sees one
+// aggregate's events in stream order, redeliveries included. A nacked
+// message is delivered again at once.
 type Subscriber struct {
 	nc       *nats.Conn
 	ownConn  bool
@@ -49,7 +58,9 @@ type Subscriber struct {
 	stream   string
 	consumer string
 	ackWait  time.Duration
-	log      *slog.Logger
+	// maxAckPending is SubscriberOptions.MaxAckPending.
+	maxAckPending int
+	log           *slog.Logger
 
 	closing chan struct{}
 	once    sync.Once
@@ -65,8 +76,11 @@ func NewSubscriber(opts SubscriberOptions) (*Subscriber, error) {
 	if opts.Stream == "" || opts.Consumer == "" {
 		return nil, fmt.Errorf("%w: natsbroker: Stream and Consumer are required", core.ErrInvalidOptions)
 	}
-	if opts.AckWait < 0 {
-		return nil, fmt.Errorf("%w: natsbroker: negative AckWait", core.ErrInvalidOptions)
+	if opts.AckWait < 0 || opts.MaxAckPending < 0 {
+		return nil, fmt.Errorf("%w: natsbroker: negative AckWait or MaxAckPending", core.ErrInvalidOptions)
+	}
+	if opts.MaxAckPending == 0 {
+		opts.MaxAckPending = 1
 	}
 	if opts.AckWait == 0 {
 		opts.AckWait = 30 * time.Second
@@ -74,7 +88,8 @@ func NewSubscriber(opts SubscriberOptions) (*Subscriber, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Subscriber{nc: opts.Conn, stream: opts.Stream, consumer: opts.Consumer, ackWait: opts.AckWait, log: opts.Logger, closing: make(chan struct{})}
+	s := &Subscriber{nc: opts.Conn, stream: opts.Stream, consumer: opts.Consumer, ackWait: opts.AckWait, maxAckPending: opts.MaxAckPending,
+		log: opts.Logger, closing: make(chan struct{})}
 	if s.nc == nil {
 		nc, err := connect(opts.URL, "txoutbox subscriber "+opts.Consumer, opts.Logger)
 		if err != nil {
@@ -120,6 +135,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		FilterSubject: topic,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       s.ackWait,
+		MaxAckPending: s.maxAckPending,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("natsbroker: consumer %s on stream %q: %w", DurableName(s.consumer, topic), s.stream, err)

@@ -28,6 +28,7 @@ import (
 	"github.com/txoutbox/txoutbox/binlogrelay"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	natsbroker "github.com/txoutbox/txoutbox/brokers/nats"
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
@@ -74,6 +75,9 @@ type cell struct {
 	kfake        *kfake.Cluster
 	kfakeOpts    []kfake.Opt
 	kafkaRestart bool
+	// The cell's own nats-server (NATS rows), which the restart fault
+	// stops and starts on its JetStream storage.
+	nats *testenv.NATS
 	// The consumer process (consumer SIGKILL): its inbox database, how it
 	// reaches the broker and as which group, what it consumes, and where
 	// it reports deliveries.
@@ -315,13 +319,58 @@ func (c *cell) kafka(t *testing.T) *outboxtest.BrokerFixture {
 	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub}
 }
 
-// newBroker is the broker fixture of kind: RabbitMQ, Kafka or SNS.
+// natsJS runs a nats-server of the cell's own, with JetStream on disk,
+// behind c.broker: the relay publishes through the proxy, the consumer
+// reads directly. Its stream holds the suite's subjects.
+func (c *cell) natsJS(t *testing.T) *outboxtest.BrokerFixture {
+	c.nats = testenv.StartNATS(t)
+	u, _ := url.Parse(c.nats.URL())
+	c.broker = faultproxy.Start(t, u.Host)
+	const stream, subjects = "FAULTS", "suite.>"
+	c.brokerURL = "nats://" + c.broker.Addr() + "?stream=" + stream + "&subjects=" + subjects + "&ack_timeout=2s"
+	c.consumerBroker, c.consumerGroup = c.nats.URL()+"?stream="+stream, "faults-"+testenv.RandomSuffix()
+	pub, err := natsbroker.NewPublisher(t.Context(), natsbroker.Options{URL: c.nats.URL(), Stream: stream, StreamSubjects: []string{subjects}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	sub, err := natsbroker.NewSubscriber(natsbroker.SubscriberOptions{URL: c.nats.URL(), Stream: stream, Consumer: "faults-" + testenv.RandomSuffix(),
+		AckWait: 3 * time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Close() })
+	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub}
+}
+
+// stopBroker and startBroker are the restart fault's: the cell's
+// nats-server (SIGTERM, then a start on the storage it kept), or the
+// in-process Kafka cluster (closed, then started from its files).
+func (c *cell) stopBroker(t *testing.T) {
+	if c.nats != nil {
+		c.nats.Stop(t)
+		return
+	}
+	c.kfake.Close()
+}
+
+func (c *cell) startBroker(t *testing.T) {
+	if c.nats != nil {
+		c.nats.Start(t)
+		return
+	}
+	c.startKafka(t)
+}
+
+// newBroker is the broker fixture of kind: RabbitMQ, Kafka, SNS or NATS.
 func (c *cell) newBroker(kind string) outboxtest.NewBrokerFunc {
 	switch kind {
 	case "Kafka":
 		return c.kafka
 	case "SNS":
 		return c.sns
+	case "NATS":
+		return c.natsJS
 	}
 	return c.rabbitMQ
 }
@@ -349,8 +398,8 @@ type faultCase struct {
 	crash bool // the outbox is on a server of its own, which the fault crashes
 	// consumer: the consumer runs as a process, which the fault kills.
 	consumer bool
-	// kafkaRestart: the fault stops the in-process Kafka cluster and
-	// starts it again from its files.
+	// kafkaRestart: the fault stops the broker and starts it again from
+	// its files: the in-process Kafka cluster, or the cell's nats-server.
 	kafkaRestart bool
 	// binlog: the fault is the binlog's: only MariaDB log mode's rows run
 	// it.
@@ -403,7 +452,7 @@ func faults(c *cell) []faultCase {
 	crash.crash = true
 	consumer := fault("consumer SIGKILL (inbox)", "", c.killConsumer, c.restartConsumer)
 	consumer.consumer = true
-	restart := fault("broker stopped and started", "broker", func(t *testing.T) { c.kfake.Close() }, c.startKafka)
+	restart := fault("broker stopped and started", "broker", c.stopBroker, c.startBroker)
 	restart.kafkaRestart, restart.brokerSide = true, true
 	crash.storeSide = true
 	// The binlog rotated, and the files before the new one purged, on a
@@ -692,6 +741,10 @@ func TestFaultMatrix(t *testing.T) {
 			brokers = append(brokers, broker{name: name, kind: kind, backend: be})
 		}
 	}
+	// NATS JetStream with the outbox on PostgreSQL: the broker's faults,
+	// its server stopped and started, the relay's and the consumer's
+	// SIGKILL (the database's faults do not change with the broker).
+	brokers = append(brokers, broker{name: "NATS JetStream", kind: "NATS", backend: backendPostgres})
 	base := outboxtest.FaultOptions{}
 	if long {
 		base.Rate, base.Before, base.After = 400, 5*time.Second, 5*time.Second
@@ -702,12 +755,16 @@ func TestFaultMatrix(t *testing.T) {
 			for mi, mode := range []core.OrderingMode{core.OrderingOff, core.OrderingOn} {
 				names := faults(&cell{backend: b.backend})
 				for i := range names {
-					if !long && names[i].storeSide && bi%3 != (int(b.backend)+mi+i)%3 {
+					if b.kind == "NATS" {
+						if !natsFault(names[i]) || !long && (mi+i)%2 != 0 {
+							continue
+						}
+					} else if !long && names[i].storeSide && bi%3 != (int(b.backend)+mi+i)%3 {
 						// One broker of three for a fault the broker does
 						// not change (see faultCase.storeSide).
 						continue
 					}
-					if !long && !names[i].storeSide && (bi+mi+i)%2 != 0 {
+					if b.kind != "NATS" && !long && !names[i].storeSide && (bi+mi+i)%2 != 0 {
 						// Every broker meets the fault in one of the two
 						// modes, and each mode meets it with a broker:
 						// every pair of the cell's dimensions is run.
@@ -719,7 +776,7 @@ func TestFaultMatrix(t *testing.T) {
 						// log mode's server.
 						continue
 					}
-					if names[i].kafkaRestart && b.kind != "Kafka" {
+					if names[i].kafkaRestart && b.kind != "Kafka" && b.kind != "NATS" {
 						// RabbitMQ's restart is TestFaultMatrixOutage's;
 						// goaws keeps no state across one.
 						continue
@@ -761,6 +818,15 @@ func TestFaultMatrix(t *testing.T) {
 			t.Logf("%s\n%s\n%s", b.name, outboxtest.FaultTableHeader, joinReports(reports[b.name]))
 		}
 	})
+}
+
+// natsFault reports whether the NATS row runs f: the broker's own faults
+// and the processes' kills.
+func natsFault(f faultCase) bool {
+	if f.consumer || f.kafkaRestart || f.Name == "relay SIGKILL" {
+		return true
+	}
+	return !f.storeSide && !f.crash && !f.binlog
 }
 
 // runCell runs one cell: a fresh outbox, broker and inbox, the relay

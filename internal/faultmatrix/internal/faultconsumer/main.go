@@ -1,6 +1,7 @@
 // Command faultconsumer is the consumer process of the fault matrix's
 // "consumer SIGKILL" cells: it subscribes to FC_TOPIC on FC_BROKER
-// (amqp://... or kafka://host:port,...) as the group FC_GROUP, or with
+// (amqp://..., kafka://host:port,... or nats://host:port?stream=NAME) as the
+// group FC_GROUP, or with
 // FC_BROKER=sqs reads the goaws SQS queue FC_SQS_QUEUE at FC_SQS_ENDPOINT
 // (subscribed to the SNS topic, raw), and applies every event through the
 // SQL inbox on FC_DSN (PostgreSQL) as the consumer
@@ -15,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -29,6 +31,7 @@ import (
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	natsbroker "github.com/txoutbox/txoutbox/brokers/nats"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/inbox"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
@@ -127,6 +130,16 @@ func subscriber(broker string, log *slog.Logger) (message.Subscriber, error) {
 		cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
 		return kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: strings.Split(addrs, ","), ConsumerGroup: group,
 			Sarama: cfg, ReconnectRetrySleep: 200 * time.Millisecond, Logger: log})
+	}
+	if strings.HasPrefix(broker, "nats://") {
+		u, err := url.Parse(broker)
+		if err != nil {
+			return nil, err
+		}
+		stream := u.Query().Get("stream")
+		u.RawQuery = ""
+		// A killed consumer's message comes back soon.
+		return natsbroker.NewSubscriber(natsbroker.SubscriberOptions{URL: u.String(), Stream: stream, Consumer: group, AckWait: 3 * time.Second, Logger: log})
 	}
 	return amqpbroker.NewSubscriber(amqpbroker.SubscriberOptions{URL: broker, Consumer: group, Logger: log})
 }
