@@ -252,3 +252,24 @@ func streamMessages(t *testing.T, s space) uint64 {
 	}
 	return info.State.Msgs
 }
+
+// Unordered gives up the per-aggregate hold, and says so.
+func TestUnordered(t *testing.T) {
+	t.Parallel()
+	s := newSpace(testenv.NATSURL(t))
+	p := s.publisher(t, natsbroker.Options{Unordered: true})
+	if p.Capabilities().PreservesAggregateOrder {
+		t.Error("an Unordered publisher reports aggregate order")
+	}
+	evs := events(t, s, 12, 3)
+	evs[4] = tooLarge(evs[4])
+	errs := core.EventErrors(p.Publish(t.Context(), evs), len(evs))
+	for i, err := range errs {
+		if (i == 4) != (err != nil) {
+			t.Errorf("event %d: %v; want only the oversized event to fail", i, err)
+		}
+	}
+	if got := streamMessages(t, s); got != uint64(len(evs)-1) {
+		t.Errorf("stream holds %d messages, want %d", got, len(evs)-1)
+	}
+}

@@ -44,6 +44,12 @@ type Options struct {
 	// dropping of a relay's republished copies. It exists to measure what
 	// that header saves; leave it off.
 	NoMsgID bool
+	// Unordered sends every event of a batch at once, without waiting for
+	// the acknowledgement of the previous event of its aggregate: faster
+	// when a batch holds many events of one aggregate, but the publisher
+	// then does not report aggregate order, and a relay with
+	// core.OrderingAuto runs unordered.
+	Unordered bool
 	// AckTimeout bounds the wait for JetStream's acknowledgement of one
 	// message. Default DefaultAckTimeout.
 	AckTimeout time.Duration
@@ -59,6 +65,7 @@ type Publisher struct {
 	stream  string
 	subject core.TopicFunc
 	msgID   bool
+	ordered bool
 }
 
 var _ core.Publisher = (*Publisher)(nil)
@@ -90,7 +97,7 @@ func NewPublisher(ctx context.Context, opts Options) (*Publisher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	p := &Publisher{nc: opts.Conn, stream: opts.Stream, subject: opts.Subject, msgID: !opts.NoMsgID}
+	p := &Publisher{nc: opts.Conn, stream: opts.Stream, subject: opts.Subject, msgID: !opts.NoMsgID, ordered: !opts.Unordered}
 	if p.nc == nil {
 		nc, err := connect(opts.URL, "txoutbox publisher", opts.Logger)
 		if err != nil {
@@ -124,9 +131,10 @@ func NewPublisher(ctx context.Context, opts Options) (*Publisher, error) {
 }
 
 // Capabilities implements core.Publisher: one aggregate's events are
-// stored in the order they were published (see the package doc).
+// stored in the order they were published (see the package doc), unless
+// Options.Unordered.
 func (p *Publisher) Capabilities() core.PublisherCapabilities {
-	return core.PublisherCapabilities{PreservesAggregateOrder: true}
+	return core.PublisherCapabilities{PreservesAggregateOrder: p.ordered}
 }
 
 // sent is one message of a batch on its way.
@@ -139,7 +147,8 @@ type sent struct {
 // each of them, with a *core.BatchError naming those it did not. Messages
 // of different aggregates are all sent before the first acknowledgement is
 // awaited; an event waits for the acknowledgement of the previous event of
-// its aggregate.
+// its aggregate (not with Options.Unordered), so that it cannot be stored
+// when that one was not.
 func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	if len(events) == 0 {
 		return nil
@@ -162,7 +171,7 @@ func (p *Publisher) publishChunk(ctx context.Context, events []core.Event, errs 
 			continue
 		}
 		key := ev.AggregateType + "\x00" + ev.AggregateID
-		if ev.AggregateID != "" {
+		if p.ordered && ev.AggregateID != "" {
 			if j, ok := last[key]; ok {
 				p.await(ctx, events, inFlight, errs, j)
 				if errs[j] != nil {
