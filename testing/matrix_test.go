@@ -24,7 +24,9 @@ import (
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
+	natsbroker "github.com/txoutbox/txoutbox/brokers/nats"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
+	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
@@ -41,7 +43,7 @@ import (
 //
 // make test runs every pair: each store with each inbox (35 cells), the
 // broker chosen so that each store and each inbox also meets every broker.
-// TXOUTBOX_MATRIX=full runs all 105 combinations.
+// TXOUTBOX_MATRIX=full runs all 140 combinations.
 func TestMatrix(t *testing.T) {
 	t.Parallel()
 	stores := []struct {
@@ -71,6 +73,7 @@ func TestMatrix(t *testing.T) {
 		{"GoChannel", goChannel},
 		{"RabbitMQ", rabbitMQ},
 		{"Kafka", kafka},
+		{"NATS", natsJS},
 	}
 	inboxes := []struct {
 		name string
@@ -208,6 +211,24 @@ func rabbitMQ(t *testing.T) *outboxtest.BrokerFixture {
 	}
 	t.Cleanup(func() { sub.Close() })
 	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub}
+}
+
+// natsJS is a stream of the test's own on the shared nats-server.
+func natsJS(t *testing.T) *outboxtest.BrokerFixture {
+	url, sfx := testenv.NATSURL(t), testenv.RandomSuffix()
+	stream, prefix := "M"+sfx, "m"+sfx
+	pub, err := natsbroker.NewPublisher(t.Context(), natsbroker.Options{URL: url, Stream: stream, StreamSubjects: []string{prefix + ".>"},
+		Subject: func(ev *core.Event) string { return prefix + "." + ev.EventType }, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	sub, err := natsbroker.NewSubscriber(natsbroker.SubscriberOptions{URL: url, Stream: stream, Consumer: "matrix", AckWait: 5 * time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Close() })
+	return &outboxtest.BrokerFixture{Publisher: pub, Subscriber: sub, Topic: func(et string) string { return prefix + "." + et }}
 }
 
 func kafka(t *testing.T) *outboxtest.BrokerFixture {
