@@ -764,7 +764,24 @@ func TestFaultMatrix(t *testing.T) {
 						// not change (see faultCase.storeSide).
 						continue
 					}
-					if b.kind != "NATS" && !long && !names[i].storeSide && (bi+mi+i)%2 != 0 {
+					if names[i].consumer && b.kind == "SNS" {
+						// Unordered only: goaws v0.4.5 emulates SQS FIFO
+						// too loosely to check order across a consumer's
+						// death. Its SNS-to-SQS delivery drops
+						// MessageGroupId (one group for all), a receive
+						// hides every message it looks at while the group
+						// is locked, and any of those hidden messages
+						// unlocks the group when its visibility timeout
+						// ends, while the dead consumer's message is still
+						// on its way back: the next consumer then gets
+						// later messages first (141 of 150 reordered in
+						// one make test run). Real SQS FIFO holds a group
+						// until its in-flight message is deleted or
+						// visible again.
+						if mode == core.OrderingOn {
+							continue
+						}
+					} else if b.kind != "NATS" && !long && !names[i].storeSide && (bi+mi+i)%2 != 0 {
 						// Every broker meets the fault in one of the two
 						// modes, and each mode meets it with a broker:
 						// every pair of the cell's dimensions is run.
