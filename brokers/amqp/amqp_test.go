@@ -12,7 +12,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/cetest"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -372,4 +374,36 @@ func TestPublishCancelledContext(t *testing.T) {
 	ch := rawChannel(t)
 	ch.QueueDelete(amqpbroker.QueueName("c", et), false, false, false)
 	ch.ExchangeDelete(et, false, false)
+}
+
+// With CloudEvents on, the message in the queue is the event as a
+// CloudEvent (AMQP binding: "cloudEvents:" application properties, the
+// content-type property), in both content modes, as the SDK decodes it
+// from the raw AMQP message.
+func TestCloudEvents(t *testing.T) {
+	t.Parallel()
+	for _, mode := range cetest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			consumer := "ce-" + testenv.RandomSuffix()
+			et := "order.created." + testenv.RandomSuffix()
+			p := newPublisher(t, amqpbroker.Options{Consumers: []string{consumer}, CloudEvents: &cloudevent.Options{Source: cetest.Source, Mode: mode}})
+			ev := event(t, et, "o-1", 1)
+			ev.CreatedAt = time.Now().UTC().Truncate(time.Microsecond)
+			if err := p.Publish(t.Context(), []core.Event{ev}); err != nil {
+				t.Fatal(err)
+			}
+			d := get(t, rawChannel(t), amqpbroker.QueueName(consumer, et))
+			h := map[string]string{}
+			for k, v := range d.Headers {
+				if s, ok := v.(string); ok {
+					h[k] = s
+				}
+			}
+			cetest.Check(t, cloudevent.AMQP, ev, h, d.Body, d.ContentType)
+		})
+	}
+	if _, err := amqpbroker.NewPublisher(amqpbroker.Options{URL: "amqp://127.0.0.1:1/", CloudEvents: &cloudevent.Options{}}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("CloudEvents without a Source: %v, want core.ErrInvalidOptions before connecting", err)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 )
@@ -70,6 +71,9 @@ type Options struct {
 	TLSConfig *tls.Config
 	// Reconnect tunes re-dialling after the connection dropped.
 	Reconnect Reconnect
+	// CloudEvents, when set, sends events as CloudEvents 1.0 (AMQP
+	// binding: "cloudEvents:" application properties in binary mode).
+	CloudEvents *cloudevent.Options
 	// Logger receives connection logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -87,6 +91,7 @@ type Publisher struct {
 	mandatory bool
 	maxBytes  int
 	marshal   wamqp.DefaultMarshaler
+	ce        *cloudevent.Options
 	pool      chan *confirmChannel
 
 	mu       sync.Mutex
@@ -124,6 +129,11 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if opts.Topic == nil {
 		opts.Topic = core.TopicByEventType
 	}
+	if opts.CloudEvents != nil {
+		if err := opts.CloudEvents.Validate(); err != nil {
+			return nil, err
+		}
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -138,6 +148,7 @@ func NewPublisher(opts Options) (*Publisher, error) {
 		consumers: opts.Consumers,
 		mandatory: !opts.AllowUnroutable,
 		maxBytes:  opts.MaxMessageBytes,
+		ce:        opts.CloudEvents,
 		pool:      make(chan *confirmChannel, opts.Channels),
 		declared:  map[string]uint64{},
 	}
@@ -295,7 +306,7 @@ func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events
 			errs[i] = core.Permanent(fmt.Errorf("%w: no topic for %s event %s", core.ErrInvalidEvent, ev.EventType, ev.ID))
 			continue
 		}
-		msg, err := p.marshal.Marshal(watermillbroker.NewMessage(ctx, ev))
+		msg, err := p.encode(ctx, ev)
 		if err != nil {
 			errs[i] = core.Permanent(fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err))
 			continue
@@ -314,7 +325,6 @@ func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events
 		exchanges[i] = exchange
 		// MessageId matches a basic.return to its event.
 		msg.MessageId = ev.ID
-		msg.ContentType = "application/json"
 		dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, topic, p.mandatory, false, msg)
 		if err != nil {
 			errs[i] = fmt.Errorf("%w: %s event %s to exchange %q: %w", ErrPublish, ev.EventType, ev.ID, exchange, err)
@@ -364,6 +374,23 @@ func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events
 			return broken
 		}
 	}
+}
+
+// encode is ev as an AMQP message: watermill-amqp's encoding of the
+// event, or of its CloudEvent.
+func (p *Publisher) encode(ctx context.Context, ev *core.Event) (amqp.Publishing, error) {
+	if p.ce == nil {
+		msg, err := p.marshal.Marshal(watermillbroker.NewMessage(ctx, ev))
+		msg.ContentType = "application/json"
+		return msg, err
+	}
+	wm, contentType, err := p.ce.NewMessage(ctx, ev, cloudevent.AMQP)
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	msg, err := p.marshal.Marshal(wm)
+	msg.ContentType = contentType
+	return msg, err
 }
 
 // markNotSent fails the events at idx that no error marks yet as kept back

@@ -29,6 +29,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
 )
@@ -99,6 +100,9 @@ type Options struct {
 	// requests, partitioner and return settings (see NewSaramaConfig); a
 	// Version below 0.11 is rejected.
 	Sarama *sarama.Config
+	// CloudEvents, when set, sends events as CloudEvents 1.0 (Kafka
+	// binding: "ce_" headers and content-type in binary mode).
+	CloudEvents *cloudevent.Options
 }
 
 // Publisher is a core.Publisher to Kafka with acks=all and an idempotent
@@ -109,6 +113,7 @@ type Publisher struct {
 	maxBytes int // the producer's MaxMessageBytes
 	topic    core.TopicFunc
 	marshal  Marshaler
+	ce       *cloudevent.Options
 	drained  chan struct{} // closed when route has seen the producer's last outcome
 
 	// mu guards closed: sending on the producer's Input after AsyncClose
@@ -141,6 +146,11 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if opts.Topic == nil {
 		opts.Topic = core.TopicByEventType
 	}
+	if opts.CloudEvents != nil {
+		if err := opts.CloudEvents.Validate(); err != nil {
+			return nil, err
+		}
+	}
 	cfg := opts.Sarama
 	if cfg == nil {
 		cfg = NewSaramaConfig()
@@ -160,7 +170,7 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafkabroker: connect producer: %w", err)
 	}
-	p := &Publisher{producer: producer, maxBytes: cfg.Producer.MaxMessageBytes, topic: opts.Topic, drained: make(chan struct{})}
+	p := &Publisher{producer: producer, maxBytes: cfg.Producer.MaxMessageBytes, topic: opts.Topic, ce: opts.CloudEvents, drained: make(chan struct{})}
 	go p.route()
 	return p, nil
 }
@@ -224,7 +234,15 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 			be.Errs[i] = core.Permanent(fmt.Errorf("%w: %s event %s: %w", core.ErrInvalidEvent, ev.EventType, ev.ID, err))
 			continue
 		}
-		rec, err := p.marshal.Marshal(topic, watermillbroker.NewMessage(ctx, ev))
+		msg := watermillbroker.NewMessage(ctx, ev)
+		if p.ce != nil {
+			var err error
+			if msg, _, err = p.ce.NewMessage(ctx, ev, cloudevent.Kafka); err != nil {
+				be.Errs[i] = core.Permanent(fmt.Errorf("%w: %w", ErrPublish, err))
+				continue
+			}
+		}
+		rec, err := p.marshal.Marshal(topic, msg)
 		if err != nil {
 			be.Errs[i] = fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err)
 			continue

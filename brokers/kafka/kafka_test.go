@@ -19,8 +19,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/cetest"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -399,5 +401,42 @@ func TestInvalidOptions(t *testing.T) {
 	}
 	if _, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: []string{"x:1"}}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("no group: %v", err)
+	}
+}
+
+// With CloudEvents on, each record is the event as a CloudEvent (Kafka
+// binding: "ce_" headers and content-type), in both content modes, as the
+// SDK decodes it from the raw record.
+func TestCloudEvents(t *testing.T) {
+	t.Parallel()
+	for _, mode := range cetest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			cl := newCluster(t)
+			p := newPublisher(t, cl.addrs, kafkabroker.Options{CloudEvents: &cloudevent.Options{Source: cetest.Source, Mode: mode}})
+			et := "order.created"
+			byID := map[string]core.Event{}
+			var evs []core.Event
+			for i := range 3 {
+				ev := event(t, et, fmt.Sprint("o-", i), i)
+				ev.CreatedAt = time.Now().UTC().Truncate(time.Microsecond)
+				evs = append(evs, ev)
+				byID[ev.ID] = ev
+			}
+			if err := p.Publish(t.Context(), evs); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range consumeAll(t, cl.addrs, et, len(evs)) {
+				h := map[string]string{}
+				for _, rh := range r.Headers {
+					h[string(rh.Key)] = string(rh.Value)
+				}
+				ev, ok := byID[h[core.HeaderEventID]]
+				if !ok {
+					t.Fatalf("a record of no event: %v", h)
+				}
+				cetest.Check(t, cloudevent.Kafka, ev, h, r.Value, "")
+			}
+		})
 	}
 }

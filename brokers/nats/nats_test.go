@@ -12,8 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	natsbroker "github.com/txoutbox/txoutbox/brokers/nats"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/cetest"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -271,5 +273,50 @@ func TestUnordered(t *testing.T) {
 	}
 	if got := streamMessages(t, s); got != uint64(len(evs)-1) {
 		t.Errorf("stream holds %d messages, want %d", got, len(evs)-1)
+	}
+}
+
+// With CloudEvents on, what JetStream stored is each event as a CloudEvent
+// (NATS binding), in both content modes, as the SDK decodes it from the
+// raw message.
+func TestCloudEvents(t *testing.T) {
+	t.Parallel()
+	for _, mode := range cetest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			s := newSpace(testenv.NATSURL(t))
+			p := s.publisher(t, natsbroker.Options{CloudEvents: &cloudevent.Options{Source: cetest.Source, Mode: mode}})
+			evs := events(t, s, 3, 3)
+			for i := range evs {
+				evs[i].CreatedAt = time.Now().UTC().Truncate(time.Microsecond)
+			}
+			if err := p.Publish(t.Context(), evs); err != nil {
+				t.Fatal(err)
+			}
+			nc, err := nats.Connect(s.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := js.Stream(t.Context(), s.stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, ev := range evs {
+				raw, err := st.GetMsg(t.Context(), uint64(i+1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				h := map[string]string{}
+				for k, v := range raw.Header {
+					h[k] = v[0]
+				}
+				cetest.Check(t, cloudevent.NATS, ev, h, raw.Data, "")
+			}
+		})
 	}
 }

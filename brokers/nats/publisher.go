@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	"github.com/txoutbox/txoutbox/core"
 )
 
@@ -53,6 +54,9 @@ type Options struct {
 	// AckTimeout bounds the wait for JetStream's acknowledgement of one
 	// message. Default DefaultAckTimeout.
 	AckTimeout time.Duration
+	// CloudEvents, when set, sends events as CloudEvents 1.0 (NATS
+	// binding: "ce-" headers in binary mode).
+	CloudEvents *cloudevent.Options
 	// Logger receives connection logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -66,6 +70,7 @@ type Publisher struct {
 	subject core.TopicFunc
 	msgID   bool
 	ordered bool
+	ce      *cloudevent.Options
 }
 
 var _ core.Publisher = (*Publisher)(nil)
@@ -85,6 +90,11 @@ func NewPublisher(ctx context.Context, opts Options) (*Publisher, error) {
 			return nil, fmt.Errorf("%w: natsbroker: StreamSubjects: %w", core.ErrInvalidOptions, err)
 		}
 	}
+	if opts.CloudEvents != nil {
+		if err := opts.CloudEvents.Validate(); err != nil {
+			return nil, err
+		}
+	}
 	if opts.AckTimeout == 0 {
 		opts.AckTimeout = DefaultAckTimeout
 	}
@@ -97,7 +107,7 @@ func NewPublisher(ctx context.Context, opts Options) (*Publisher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	p := &Publisher{nc: opts.Conn, stream: opts.Stream, subject: opts.Subject, msgID: !opts.NoMsgID, ordered: !opts.Unordered}
+	p := &Publisher{nc: opts.Conn, stream: opts.Stream, subject: opts.Subject, msgID: !opts.NoMsgID, ordered: !opts.Unordered, ce: opts.CloudEvents}
 	if p.nc == nil {
 		nc, err := connect(opts.URL, "txoutbox publisher", opts.Logger)
 		if err != nil {
@@ -244,7 +254,15 @@ func (p *Publisher) message(ev *core.Event) (*nats.Msg, error) {
 	}
 	msg := nats.NewMsg(subject)
 	msg.Data = ev.Payload
-	for k, v := range ev.MessageHeaders() {
+	headers := ev.MessageHeaders()
+	if p.ce != nil {
+		m, err := p.ce.Encode(ev, cloudevent.NATS)
+		if err != nil {
+			return nil, err
+		}
+		msg.Data, headers = m.Body, m.Headers
+	}
+	for k, v := range headers {
 		if err := checkHeader(k, v); err != nil {
 			return nil, err
 		}

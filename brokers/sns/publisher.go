@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	"github.com/txoutbox/txoutbox/core"
 )
 
@@ -124,9 +125,19 @@ type Options struct {
 	FIFOOnly bool
 	// Logger receives the publisher's logs. Default slog.Default().
 	Logger *slog.Logger
+	// CloudEvents, when set, sends events as CloudEvents 1.0: in binary
+	// mode the attributes as "ce-" message attributes (SNS has no
+	// CloudEvents binding; this follows the HTTP binding's names), in
+	// structured mode the JSON event as the message.
+	CloudEvents *cloudevent.Options
 }
 
 func (o Options) withDefaults() (Options, error) {
+	if o.CloudEvents != nil {
+		if err := o.CloudEvents.Validate(); err != nil {
+			return o, err
+		}
+	}
 	if o.Topic == nil {
 		o.Topic = func(ev *core.Event) string { return TopicName(ev.EventType) }
 	}
@@ -256,7 +267,16 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 		if group == "" {
 			group = ev.EventType
 		}
-		entries = append(entries, entry{idx: i, id: ev.ID, topic: topic, body: string(ev.Payload), headers: ev.MessageHeaders(), group: group})
+		body, headers := ev.Payload, ev.MessageHeaders()
+		if p.opts.CloudEvents != nil {
+			m, err := p.opts.CloudEvents.Encode(ev, cloudevent.SNS)
+			if err != nil {
+				errs[i] = core.Permanent(err)
+				continue
+			}
+			body, headers = m.Body, m.Headers
+		}
+		entries = append(entries, entry{idx: i, id: ev.ID, topic: topic, body: string(body), headers: headers, group: group})
 	}
 	p.send(ctx, entries, errs)
 	return (&core.BatchError{Errs: errs}).ErrOrNil()

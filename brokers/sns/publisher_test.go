@@ -16,8 +16,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/google/uuid"
 
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/cetest"
 	"github.com/txoutbox/txoutbox/internal/sqstest"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
@@ -616,5 +618,41 @@ func TestFIFOHoldsBehindBadEvent(t *testing.T) {
 	}
 	if got := g.Drain(t, ctx, queueURL, true, topicARN, 4, 300*time.Millisecond); len(got) != 4 {
 		t.Errorf("%d messages arrived, want 4", len(got))
+	}
+}
+
+// With CloudEvents on, what the subscribed SQS queue receives is each event
+// as a CloudEvent ("ce-" message attributes in binary mode, which the
+// overflow attribute carries past SQS's ten; the JSON event in structured
+// mode), as the SDK decodes it from the raw message.
+func TestCloudEvents(t *testing.T) {
+	for _, mode := range cetest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			g := sqstest.New(t)
+			ctx := ctxTimeout(t)
+			topic := "ce-" + testenv.RandomSuffix()
+			topicARN, queueURL := g.SubscribeQueue(t, ctx, topic, true)
+			pub := newPublisher(t, g.SNS, snsbroker.Options{TopicARNs: map[string]string{topic: topicARN}, MaxBatchSize: 1,
+				Topic: func(*core.Event) string { return topic }, CloudEvents: &cloudevent.Options{Source: cetest.Source, Mode: mode}})
+			evs := events(t, "order.created", 3, 3)
+			for i := range evs {
+				evs[i].CreatedAt = time.Now().UTC().Truncate(time.Microsecond)
+			}
+			if err := pub.Publish(ctx, evs); err != nil {
+				t.Fatalf("Publish: %v", err)
+			}
+			got := g.Drain(t, ctx, queueURL, true, topicARN, len(evs), 300*time.Millisecond)
+			if len(got) != len(evs) {
+				t.Fatalf("got %d messages, want %d", len(got), len(evs))
+			}
+			for _, d := range got {
+				i := slices.IndexFunc(evs, func(ev core.Event) bool { return ev.ID == d.Headers[core.HeaderEventID] })
+				if i < 0 {
+					t.Fatalf("unknown message %v", d.Headers)
+				}
+				cetest.Check(t, cloudevent.SNS, evs[i], d.Headers, []byte(d.Payload), "")
+			}
+		})
 	}
 }
