@@ -57,7 +57,10 @@ type Options struct {
 	// each takes effect once. Required.
 	Consumer string
 	// MetadataKey is the metadata entry that holds the event ID. Default
-	// core.HeaderEventID ("event_id"), which the relay sets.
+	// core.HeaderEventID ("event_id"), which the relay sets; with the
+	// default, a message without it that is a CloudEvent is deduplicated
+	// on the CloudEvent's id: its ce-id (ce_id, cloudEvents:id) metadata in
+	// binary content mode, the id of its JSON body in structured mode.
 	MetadataKey string
 	// MissingEventID is the policy for messages without an event ID.
 	// Default RejectMissingEventID.
@@ -125,6 +128,9 @@ type middleware struct {
 func (m *middleware) wrap(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		id := strings.TrimSpace(msg.Metadata.Get(m.opts.MetadataKey))
+		if id == "" && m.opts.MetadataKey == core.HeaderEventID {
+			id = cloudEventID(msg)
+		}
 		if id == "" {
 			switch m.opts.MissingEventID {
 			case UseMessageUUID:

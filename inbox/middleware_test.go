@@ -372,3 +372,51 @@ func inboxProcessed(t *testing.T, f *outboxtest.InboxFixture, consumer, id strin
 		t.Errorf("record (%s, %s) present = %v, want %v", consumer, id, got, want)
 	}
 }
+
+// A CloudEvent from a producer other than the relay (no event_id) is
+// deduplicated on its id: from the binary mode's metadata of each binding,
+// or from a structured-mode body.
+func TestCloudEventID(t *testing.T) {
+	f, ib, _ := sqliteFixture(t)
+	mw, err := inbox.NewMiddleware(ib, inbox.Options{Consumer: "ce"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	h := mw(func(msg *message.Message) ([]*message.Message, error) {
+		seen = append(seen, msg.UUID)
+		return nil, nil
+	})
+	binary := func(key, id string) *message.Message {
+		msg := message.NewMessage(uuid.NewString(), message.Payload(`{"n":1}`))
+		msg.Metadata.Set(key, id)
+		return msg
+	}
+	structured := func(id string) *message.Message {
+		return message.NewMessage(uuid.NewString(), message.Payload(`{"specversion":"1.0","id":"`+id+`","type":"t","source":"/s","data":{}}`))
+	}
+	for _, key := range []string{"ce-id", "ce_id", "cloudEvents:id", "cloudEvents_id"} {
+		id := uuid.NewString()
+		for range 2 {
+			if _, err := h(binary(key, id)); err != nil {
+				t.Fatalf("%s: %v", key, err)
+			}
+		}
+		inboxProcessed(t, f, "ce", id, true)
+	}
+	id := uuid.NewString()
+	for range 2 {
+		if _, err := h(structured(id)); err != nil {
+			t.Fatalf("structured: %v", err)
+		}
+	}
+	inboxProcessed(t, f, "ce", id, true)
+	if len(seen) != 5 {
+		t.Errorf("the handler ran %d times for 5 CloudEvents each delivered twice, want 5", len(seen))
+	}
+	// A JSON body that is no CloudEvent has no id.
+	msg := message.NewMessage(uuid.NewString(), message.Payload(`{"id":"x"}`))
+	if _, err := h(msg); !inbox.IsMissingEventID(err) {
+		t.Errorf("a plain JSON body with an id field: %v, want ErrMissingEventID", err)
+	}
+}
