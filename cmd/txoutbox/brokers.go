@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	"github.com/txoutbox/txoutbox/core"
 )
@@ -35,7 +36,11 @@ const brokerHelp = `Broker URLs (--broker):
       ?subjects=order.>,pay.>    create the stream with these subjects (or update it)
       ?duplicate_window=2m       its duplicate window when created or updated
       ?ack_timeout=10s           how long to wait for JetStream's acknowledgement
-  The topic of an event is its event type.`
+  The topic of an event is its event type.
+  Every broker but log:// and memory:// also takes
+      ?cloudevents=binary|structured  send events as CloudEvents 1.0 (binary: attributes
+                                      as headers; structured: the JSON event as the body)
+      ?cloudevents_source=/orders     their source attribute (required with cloudevents)`
 
 // publisher is what relay publishes to, and closes on shutdown.
 type publisher interface {
@@ -55,6 +60,27 @@ var brokerParams = map[string][]string{
 	"kafka": {},
 	"sns":   {"region", "endpoint", "create_topics", "topic_arn_prefix", "max_batch_size", "fifo_only"},
 	"nats":  {"stream", "subjects", "duplicate_window", "ack_timeout", "tls"},
+}
+
+// cloudEventsParams are the parameters every real broker takes besides its
+// own.
+var cloudEventsParams = []string{"cloudevents", "cloudevents_source"}
+
+// cloudEvents returns the CloudEvents options of a broker URL's query, nil
+// when it asks for none.
+func cloudEvents(q url.Values) (*cloudevent.Options, error) {
+	mode, source := q.Get("cloudevents"), q.Get("cloudevents_source")
+	if mode == "" && source == "" {
+		return nil, nil
+	}
+	o := &cloudevent.Options{Mode: cloudevent.Mode(mode), Source: source}
+	if mode == "" {
+		o.Mode = cloudevent.Binary
+	}
+	if err := o.Validate(); err != nil {
+		return nil, usagef("broker: %v (cloudevents=binary|structured&cloudevents_source=/your-service)", err)
+	}
+	return o, nil
 }
 
 // checkBrokerURL refuses a broker URL that cannot work, before anything
@@ -96,6 +122,9 @@ func checkBrokerURL(rawURL string) error {
 // checkParams refuses a query parameter the broker scheme does not take.
 func checkParams(scheme string, query url.Values) error {
 	params := brokerParams[scheme]
+	if scheme != "log" && scheme != "memory" {
+		params = append(slices.Clip(params), cloudEventsParams...)
+	}
 	for k := range query {
 		if !slices.Contains(params, k) {
 			want := "none"
@@ -121,16 +150,21 @@ func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.
 	case "amqp", "amqps":
 		u, _ := url.Parse(rawURL)
 		q := u.Query()
+		ce, err := cloudEvents(q)
+		if err != nil {
+			return nil, err
+		}
 		opts := amqpbroker.Options{
-			Topology: amqpbroker.Topology{Exchange: q.Get("exchange"), ExchangeType: q.Get("exchange_type")},
-			Logger:   log,
+			Topology:    amqpbroker.Topology{Exchange: q.Get("exchange"), ExchangeType: q.Get("exchange_type")},
+			CloudEvents: ce,
+			Logger:      log,
 		}
 		if c := q.Get("consumers"); c != "" {
 			opts.Consumers = splitList(c)
 		}
 		// Our parameters are not the AMQP client's: take them out of the
 		// URL it dials.
-		for _, k := range []string{"exchange", "exchange_type", "consumers"} {
+		for _, k := range append([]string{"exchange", "exchange_type", "consumers"}, cloudEventsParams...) {
 			q.Del(k)
 		}
 		u.RawQuery = q.Encode()
@@ -142,8 +176,10 @@ func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.
 		return p, nil
 	case "kafka":
 		hosts, query, _ := strings.Cut(rest, "?")
-		if query != "" {
-			return nil, usagef("kafka:// takes no parameters yet (got %q)", query)
+		q, _ := url.ParseQuery(query) // checked by checkBrokerURL
+		ce, err := cloudEvents(q)
+		if err != nil {
+			return nil, err
 		}
 		var brokers []string
 		for _, h := range splitList(strings.TrimSuffix(hosts, "/")) {
@@ -157,7 +193,7 @@ func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.
 		if len(brokers) == 0 {
 			return nil, usagef("kafka:// needs at least one host:port")
 		}
-		p, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: brokers})
+		p, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: brokers, CloudEvents: ce})
 		if err != nil {
 			return nil, fmt.Errorf("connect to kafka %v: %w", brokers, err)
 		}

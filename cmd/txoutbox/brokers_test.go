@@ -10,15 +10,19 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kfake"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
+	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	natsbroker "github.com/txoutbox/txoutbox/brokers/nats"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/cetest"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/tracing"
 )
@@ -225,5 +229,56 @@ func TestRelayToNATS(t *testing.T) {
 	r = run(t, "", nil, "relay", "--dsn", f.dsn, "--broker", natsURL, "--drain", "--http-addr", "")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "stream=") {
 		t.Fatalf("nats:// without a stream: exit %d\n%s", r.code, r.stderr)
+	}
+}
+
+// TestRelayCloudEvents relays with ?cloudevents=structured: the stream
+// holds each event as a CloudEvent the SDK decodes. A CloudEvents mode
+// without a source is a usage error.
+func TestRelayCloudEvents(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	sfx := testenv.RandomSuffix()
+	eventType := "cli.ce." + sfx
+	evs := f.enqueue(t, eventType, "7", 2)
+	natsURL := testenv.NATSURL(t)
+	stream := "CE" + sfx
+	ok(t, f.dsn, "relay", "--broker", natsURL+"?stream="+stream+"&subjects="+eventType+"&cloudevents=structured&cloudevents_source="+url.QueryEscape(cetest.Source), "--drain", "--http-addr", "")
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range evs {
+		raw, err := st.GetMsg(t.Context(), uint64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := map[string]string{}
+		for k, v := range raw.Header {
+			h[k] = v[0]
+		}
+		var ev core.Event
+		for _, e := range evs {
+			if e.ID == h[core.HeaderEventID] {
+				ev = e
+			}
+		}
+		got, err := cloudevent.Decode(cloudevent.NATS, h, raw.Data, "")
+		if err != nil || got.ID() != ev.ID || got.Source() != cetest.Source || got.Type() != eventType || got.Subject() != "7" || string(got.Data()) != string(ev.Payload) {
+			t.Fatalf("message %d: %v (%v), want event %s as a CloudEvent", i, got, err, ev.ID)
+		}
+	}
+	r := run(t, "", nil, "relay", "--dsn", f.dsn, "--broker", natsURL+"?stream="+stream+"&cloudevents=binary", "--drain", "--http-addr", "")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "Source") {
+		t.Fatalf("cloudevents without a source: exit %d\n%s", r.code, r.stderr)
 	}
 }

@@ -17,13 +17,16 @@ import (
 func openNATS(ctx context.Context, rawURL string, log *slog.Logger) (publisher, error) {
 	u, _ := url.Parse(rawURL)
 	q := u.Query()
-	opts := natsbroker.Options{Stream: q.Get("stream"), StreamSubjects: splitList(q.Get("subjects")), Logger: log}
+	ce, err := cloudEvents(q)
+	if err != nil {
+		return nil, err
+	}
+	opts := natsbroker.Options{Stream: q.Get("stream"), StreamSubjects: splitList(q.Get("subjects")), CloudEvents: ce, Logger: log}
 	if opts.Stream == "" {
 		return nil, usagef("nats:// needs ?stream=NAME, the JetStream stream that stores the events (add &subjects=order.> to create it)")
 	}
 	for name, d := range map[string]*time.Duration{"duplicate_window": &opts.DuplicateWindow, "ack_timeout": &opts.AckTimeout} {
 		if v := q.Get(name); v != "" {
-			var err error
 			if *d, err = time.ParseDuration(v); err != nil || *d <= 0 {
 				return nil, usagef("nats:// broker: %s=%q is not a positive duration (like 2m)", name, v)
 			}

@@ -99,7 +99,7 @@ func TestSink(t *testing.T) {
 
 func TestOpenBrokerUsage(t *testing.T) {
 	t.Parallel()
-	for _, bad := range []string{"", "rabbit", "nats://x", "nats://h:4222?stream=S&colour=red", "nats://h:4222?stream=S&ack_timeout=-1s", "redis://x", "kafka://", "kafka://h:9092?acks=1", "sns://?colour=red"} {
+	for _, bad := range []string{"", "rabbit", "nats://x", "nats://h:4222?stream=S&colour=red", "nats://h:4222?stream=S&ack_timeout=-1s", "amqp://h/?cloudevents=binary", "kafka://h:9092?cloudevents=envelope&cloudevents_source=/x", "log://?cloudevents=binary", "redis://x", "kafka://", "kafka://h:9092?acks=1", "sns://?colour=red"} {
 		if _, err := openBroker(context.Background(), bad, io.Discard, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrUsage) {
 			t.Errorf("openBroker(%q): %v, want ErrUsage", bad, err)
 		}

@@ -24,7 +24,11 @@ func openSNS(ctx context.Context, rawURL string, log *slog.Logger) (publisher, e
 		return nil, usagef("broker %s: %v", redact(rawURL), err)
 	}
 	q := u.Query()
-	opts := snsbroker.Options{TopicARNPrefix: q.Get("topic_arn_prefix"), Logger: log}
+	ce, err := cloudEvents(q)
+	if err != nil {
+		return nil, err
+	}
+	opts := snsbroker.Options{TopicARNPrefix: q.Get("topic_arn_prefix"), CloudEvents: ce, Logger: log}
 	if v := q.Get("create_topics"); v != "" {
 		if opts.CreateTopics, err = strconv.ParseBool(v); err != nil {
 			return nil, usagef("sns:// create_topics=%q is not a boolean", v)
