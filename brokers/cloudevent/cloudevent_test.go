@@ -21,7 +21,7 @@ func testEvent(t *testing.T) core.Event {
 	return ev
 }
 
-// CheckAttributes fails unless got (decoded by the SDK) is ev as a
+// checkAttributes fails unless got (decoded by the SDK) is ev as a
 // CloudEvent of source.
 func checkAttributes(t *testing.T, ev core.Event, source string, got interface {
 	ID() string
