@@ -320,3 +320,60 @@ func TestCloudEvents(t *testing.T) {
 		})
 	}
 }
+
+// The real relay, from a PostgreSQL outbox, where a tenth of the events'
+// acknowledgements are lost after JetStream stored them (outboxtest.Faulty's
+// FailAfterSendRate: what a relay that dies between the broker's
+// acknowledgement and its own bookkeeping leaves behind), so the relay
+// publishes those events again. With Nats-Msg-Id the stream, and so every
+// consumer, holds each event once; without it, each republished copy.
+func TestRelayRepublishesReachNoConsumer(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	copies := map[bool]uint64{}
+	for _, noID := range []bool{false, true} {
+		s := newSpace(testenv.NATSURL(t))
+		f := fixtures.SQLXPostgres(t, fixtures.Options{Logger: quiet, SkipInbox: true})
+		faulty := &outboxtest.Faulty{Inner: s.publisher(t, natsbroker.Options{NoMsgID: noID}), FailAfterSendRate: 0.1}
+		relay, err := core.NewRelay(f.Store, faulty, core.RelayOptions{PollInterval: 20 * time.Millisecond, Logger: quiet,
+			Retry: core.RetryPolicy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(ctx) }()
+		evs := events(t, s, n, 30)
+		for i := 0; i < n; i += 50 {
+			if err := f.Enqueue(t.Context(), evs[i:i+50], true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			st, err := f.Store.Stats(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Pending == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d events still pending after 30s", st.Pending)
+			}
+		}
+		cancel()
+		<-done
+		lost := faulty.Counts().FailedAfterSend
+		if lost == 0 {
+			t.Fatal("no acknowledgement was lost: the test proves nothing")
+		}
+		copies[noID] = streamMessages(t, s) - n
+		t.Logf("NoMsgID=%v: %d events, %d acknowledgements lost and sent again, %d copies reach consumers", noID, n, lost, copies[noID])
+	}
+	if copies[false] != 0 {
+		t.Errorf("with Nats-Msg-Id, %d republished copies reached the stream, want 0", copies[false])
+	}
+	if copies[true] == 0 {
+		t.Error("without Nats-Msg-Id no copy reached the stream: the comparison proves nothing")
+	}
+}
