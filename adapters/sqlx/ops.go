@@ -14,7 +14,13 @@ import (
 // Stats implements core.Store: pending and dead counts, overall and
 // per event type, and the age of the oldest pending event by the database's
 // clock. It reads every unpublished row; call it every few seconds at most.
+// It also looks at the *sql.DB's pool: when the pool closed more than a few
+// connections per second since the previous call for want of an idle slot
+// (database/sql keeps two idle by default, so four producers and a relay
+// open a server connection per transaction), it logs once how to fix it
+// (SetMaxIdleConns).
 func (o *Outbox) Stats(ctx context.Context) (core.Stats, error) {
+	o.pool.Check(o.db, o.opts.Logger)
 	rows, err := o.db.QueryContext(ctx, o.q.Stats())
 	if err != nil {
 		return core.Stats{}, fmt.Errorf("sqlxoutbox: stats: %w", dialect.CheckMigrated(err, o.q.Table()))

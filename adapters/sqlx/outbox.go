@@ -79,6 +79,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/poolwatch"
 	"github.com/txoutbox/txoutbox/internal/sqlclaim"
 	"github.com/txoutbox/txoutbox/internal/wake"
 	"github.com/txoutbox/txoutbox/ordered"
@@ -185,6 +186,9 @@ type Outbox struct {
 	partitionLocks sync.Map
 	// inLogMode: an insert found the table in log mode (logMode).
 	inLogMode atomic.Bool
+	// pool notices, at each Stats, a pool that keeps too few idle
+	// connections for its users.
+	pool poolwatch.Watch
 }
 
 var _ core.Store = (*Outbox)(nil)

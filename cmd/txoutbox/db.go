@@ -40,10 +40,7 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", redact(dsn), err)
 	}
-	if d.MaxConcurrency() == 1 {
-		// One writer: a second connection would only wait for the lock.
-		db.SetMaxOpenConns(1)
-	}
+	poolSizes(db, d)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
@@ -54,6 +51,25 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 }
 
 func (d *database) Close() error { return d.db.Close() }
+
+// maxConns bounds the CLI's pool: the relay's workers, the ordered
+// leaser, the monitor, cleanup and archive use a handful at once.
+const maxConns = 16
+
+// poolSizes keeps as many connections idle as may be open: database/sql
+// keeps two idle by default, so a third concurrent user opened (and on its
+// return closed) a server connection every time, a process fork per
+// transaction on PostgreSQL. Idle connections close after five minutes.
+func poolSizes(db *sql.DB, d dialect.Dialect) {
+	if d.MaxConcurrency() == 1 {
+		// One writer: a second connection would only wait for the lock.
+		db.SetMaxOpenConns(1)
+		return
+	}
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+}
 
 // openDatabaseLazily opens the database of dsn without connecting: the
 // relay waits for it (see awaitDependency).
@@ -66,9 +82,7 @@ func openDatabaseLazily(dsn string) (*database, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", redact(dsn), err)
 	}
-	if d.MaxConcurrency() == 1 {
-		db.SetMaxOpenConns(1)
-	}
+	poolSizes(db, d)
 	return &database{db: db, dialect: d, redacted: redact(dsn)}, nil
 }
 

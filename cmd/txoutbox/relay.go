@@ -228,13 +228,21 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		return err
 	}
 	defer db.Close()
+	if n := f.concurrency + 8; n > maxConns && db.dialect.MaxConcurrency() != 1 {
+		// A worker per claim, and room for the others (see poolSizes).
+		db.db.SetMaxOpenConns(n)
+		db.db.SetMaxIdleConns(n)
+	}
 	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: a.table, Logger: a.log, SyncMark: f.syncMark})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// go_sql_*{db_name="outbox"}: go_sql_max_idle_closed_total growing is
+	// a pool that opens a connection per transaction (see poolSizes).
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewDBStatsCollector(db.db, "outbox"))
 	met, err := metrics.New(metrics.Options{Registerer: reg, LagThreshold: f.lagThreshold})
 	if err != nil {
 		return err

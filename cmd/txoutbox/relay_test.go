@@ -113,10 +113,15 @@ func TestRelayMetricsAndGracefulShutdown(t *testing.T) {
 		"txoutbox_event_lag_seconds_count",
 		"txoutbox_oldest_pending_age_seconds",
 		"go_goroutines",
+		// The pool's own figures, and its size (poolSizes).
+		`go_sql_max_open_connections{db_name="outbox"}`,
 	} {
 		if first[name] <= 0 {
 			t.Errorf("%s = %v, want > 0", name, first[name])
 		}
+	}
+	if _, ok := first[`go_sql_max_idle_closed_total{db_name="outbox"}`]; !ok || first[`go_sql_max_open_connections{db_name="outbox"}`] != maxConns {
+		t.Errorf("go_sql_max_idle_closed_total present %v, go_sql_max_open_connections %v: want the pool's metrics, %d open at most", ok, first[`go_sql_max_open_connections{db_name="outbox"}`], maxConns)
 	}
 	if first["txoutbox_oldest_pending_age_seconds"] < 599 {
 		t.Errorf("oldest pending age %v, want the stuck event's 10 minutes", first["txoutbox_oldest_pending_age_seconds"])

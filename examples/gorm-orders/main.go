@@ -153,6 +153,17 @@ func newApp(ctx context.Context, dsn, file string, log *slog.Logger) (*app, erro
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
+	if dsn != "" {
+		// database/sql, under GORM, keeps two idle connections by
+		// default: the HTTP handlers and the relay beyond two would each
+		// open a server connection per transaction.
+		sqlDB, err := db.DB()
+		if err != nil {
+			return nil, err
+		}
+		sqlDB.SetMaxOpenConns(16)
+		sqlDB.SetMaxIdleConns(16)
+	}
 	if err := db.WithContext(ctx).AutoMigrate(&Order{}); err != nil {
 		return nil, fmt.Errorf("migrate orders: %w", err)
 	}

@@ -157,6 +157,11 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		return fmt.Errorf("open %s: %w", cfg.DB, err)
 	}
 	defer sqlDB.Close()
+	// database/sql keeps two idle connections by default; with more
+	// concurrent users every further transaction would open (and then
+	// close) a server connection. Keep as many idle as may be open.
+	sqlDB.SetMaxOpenConns(16)
+	sqlDB.SetMaxIdleConns(16)
 	db := sqlx.NewDb(sqlDB, driver)
 
 	// The inbox table comes from the shared migrations (this service has no

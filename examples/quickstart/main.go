@@ -243,6 +243,10 @@ func openDatabase(mysqlURL string) (db *sql.DB, d dialect.Dialect, closeDB func(
 		if err != nil {
 			return nil, d, nil, err
 		}
+		// database/sql keeps two idle connections by default; the
+		// producers and the relay would open one per transaction.
+		db.SetMaxOpenConns(16)
+		db.SetMaxIdleConns(16)
 		return db, dialect.MySQL, func() { db.Close() }, nil
 	}
 	dir, err := os.MkdirTemp("", "txoutbox-quickstart-")

@@ -74,6 +74,11 @@ func run(ctx context.Context, dsn, amqpURL, consumer string) (result, error) {
 		return res, err
 	}
 	defer db.Close()
+	// As many idle connections as open ones: database/sql keeps two idle by
+	// default, and producers and the relay beyond two would each open a
+	// server connection per transaction.
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
 	if err := dialect.Migrate(ctx, db.DB, dialect.Postgres, dialect.MigrateOptions{}); err != nil {
 		return res, err
 	}

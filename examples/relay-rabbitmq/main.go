@@ -70,6 +70,11 @@ func run(ctx context.Context, c config, log *slog.Logger) (core.RelayCounters, e
 		return core.RelayCounters{}, err
 	}
 	defer db.Close()
+	// database/sql keeps two idle connections by default; with more
+	// concurrent users every further transaction would open (and then
+	// close) a server connection. Keep as many idle as may be open.
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
 	if err := dialect.Migrate(ctx, db.DB, dialect.Postgres, dialect.MigrateOptions{Logger: log}); err != nil {
 		return core.RelayCounters{}, fmt.Errorf("migrate: %w", err)
 	}

@@ -1,0 +1,95 @@
+package sqlxoutbox_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+)
+
+// syncBuffer is a log destination for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Eight goroutines in transactions on a pool that keeps database/sql's two
+// idle connections: the pool closes connection after connection, and Stats
+// says so, once, with the fix. With as many idle as open, it says nothing.
+func TestStatsWarnsOfAChurningPool(t *testing.T) {
+	t.Parallel()
+	for _, idle := range []int{0, testenv.MaxOpenConns} {
+		db := testenv.OpenPostgres(t)
+		if idle > 0 {
+			db.SetMaxIdleConns(idle)
+		}
+		ctx := context.Background()
+		if err := dialect.Migrate(ctx, db, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
+			t.Fatal(err)
+		}
+		var out syncBuffer
+		ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Logger: slog.New(slog.NewTextHandler(&out, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		churn := func() {
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for range 100 {
+						tx, err := db.BeginTx(ctx, nil)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						_, _ = tx.ExecContext(ctx, "SELECT 1")
+						_ = tx.Commit()
+						// The producer's own work between transactions:
+						// its connection goes back to the pool, which has
+						// no idle slot for it.
+						time.Sleep(2 * time.Millisecond)
+					}
+				})
+			}
+			wg.Wait()
+		}
+		stats := func() {
+			if _, err := ob.Stats(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stats()
+		churn()
+		stats()
+		churn()
+		stats()
+		closed := db.Stats().MaxIdleClosed
+		warnings := strings.Count(out.String(), "SetMaxIdleConns")
+		switch {
+		case idle == 0 && warnings != 1:
+			t.Errorf("default idle pool, %d connections closed for want of an idle slot: %d warnings, want 1:\n%s", closed, warnings, out.String())
+		case idle > 0 && warnings != 0:
+			t.Errorf("MaxIdleConns %d: %d warnings, want none:\n%s", idle, warnings, out.String())
+		}
+		t.Logf("MaxIdleConns %d: %d connections closed for want of an idle slot", max(idle, 2), closed)
+	}
+}
