@@ -61,6 +61,7 @@ func TestQuickRun(t *testing.T) {
 		"| d  producer tx/s with the outbox row (ExecWithEvents", "| d' producer tx/s with the outbox row (Enqueue",
 		"| d  producer tx/s with a relay draining beside, in-process",
 		"| d  producer tx/s with a relay draining beside, debounced NOTIFY", "| d' producer tx/s with pg_notify",
+		"| d' producer tx/s, producers and a relay on one *sql.DB keeping database/sql's default 2 idle",
 		"| e  claim latency p50", "| e  claim latency p99",
 		"| f  producer tx/s, Enqueue in a pgx.Tx", "| f' producer tx/s, ExecWithEvents in a pgx.Tx", "| f  relay drain on the pgxpool store",
 		"| l  log-mode drain vs table mode", "| l  log-mode drain vs Watermill", "| l' log-mode drain vs reading the slot alone",

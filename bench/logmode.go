@@ -357,7 +357,7 @@ func (b *bench) logProducerRun(ctx context.Context, names logrelay.Names, relay 
 		return 0, 0, err
 	}
 	if !relay {
-		return b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, box, prodLog, i) })
+		return b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, b.db, box, prodLog, i) })
 	}
 	r, err := logrelay.New(box, &memPublisher{}, logrelay.Options{ConnString: b.dsn, Names: names, Relay: core.RelayOptions{Logger: b.quiet}})
 	if err != nil {
@@ -370,5 +370,5 @@ func (b *bench) logProducerRun(ctx context.Context, names logrelay.Names, relay 
 		cancel()
 		<-done
 	}()
-	return b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, box, prodLog, i) })
+	return b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, b.db, box, prodLog, i) })
 }

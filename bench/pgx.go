@@ -70,7 +70,7 @@ func (b *bench) pgxScenario(ctx context.Context) ([]row, error) {
 			case fPgxEnqueue, fPgxExecWith:
 				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return producePgx(ctx, pgxBoxes[v], tx, v == fPgxExecWith, i) })
 			}
-			return b.produceOrder(ctx, sqlBoxes[v], map[string]string{fSQLEnqueue: prodEnqueue, fSQLExecWith: prodOutbox}[v], i)
+			return b.produceOrder(ctx, b.db, sqlBoxes[v], map[string]string{fSQLEnqueue: prodEnqueue, fSQLExecWith: prodOutbox}[v], i)
 		})
 	})
 	if err != nil {

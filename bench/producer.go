@@ -25,6 +25,9 @@ const (
 	prodEnqueue     = "enqueue"      // INSERT order; Enqueue; COMMIT
 	prodRelay       = "relay"        // outbox, relay draining beside, woken in-process
 	prodRelayNotify = "relay_notify" // outbox, relay draining beside, woken by the debounced NOTIFY
+	// prodRelay on a pool that keeps database/sql's default two idle
+	// connections (the pool trap; prodRelay's keeps as many as open).
+	prodRelayIdle2  = "relay_idle2"
 	prodNotifyPerTx = "notify_per_tx"
 	prodHand        = "hand" // INSERT order; a hand-written INSERT of the same event row (no write-back); COMMIT
 	// INSERT order; the statement Enqueue sends, by hand, its RETURNING
@@ -47,7 +50,7 @@ func (b *bench) producers(ctx context.Context) ([]row, error) {
 	if err := b.ensureOrders(ctx); err != nil {
 		return nil, err
 	}
-	variants := []string{prodPlain, prodOutbox, prodEnqueue, prodEnqueueSkip, prodHand, prodHandReturning, prodRelay, prodRelayNotify, prodNotifyPerTx}
+	variants := []string{prodPlain, prodOutbox, prodEnqueue, prodEnqueueSkip, prodHand, prodHandReturning, prodRelay, prodRelayNotify, prodNotifyPerTx, prodRelayIdle2}
 	tables := "orders"
 	for _, v := range variants {
 		if _, err := b.outbox(ctx, b.db, producerTable+"_"+v, sqlxoutbox.Options{}); err != nil {
@@ -95,6 +98,7 @@ func (b *bench) producers(ctx context.Context) ([]row, error) {
 		rate.row("d  producer tx/s with a relay draining beside, in-process wake, vs no relay", prodRelay, prodOutbox, "≥ 75 % (cost ≤ 25 %)", 0.75),
 		rate.row("d  producer tx/s with a relay draining beside, debounced NOTIFY, vs no relay", prodRelayNotify, prodOutbox, "≥ 75 % (cost ≤ 25 %)", 0.75),
 		rate.row("d' producer tx/s with pg_notify inside every transaction vs without (why we debounce)", prodNotifyPerTx, prodOutbox, "—", 0),
+		rate.row("d' producer tx/s, producers and a relay on one *sql.DB keeping database/sql's default 2 idle connections vs as many idle as open (the pool trap; "+clients+")", prodRelayIdle2, prodRelay, "—", 0),
 	}, nil
 }
 
@@ -220,15 +224,25 @@ func (b *bench) producerRun(ctx context.Context, variant string, d time.Duration
 		}()
 	}
 
+	// The producers' pool, and the in-process relay's.
+	pool := b.db
+	if variant == prodRelayIdle2 {
+		var err error
+		if pool, err = b.open(""); err != nil {
+			return 0, 0, err
+		}
+		pool.SetMaxIdleConns(2) // database/sql's default
+		closeAfter = append(closeAfter, pool.Close)
+	}
 	var opts sqlxoutbox.Options
 	var relay *core.Relay
 	var timed *timedStore
 	pub := &memPublisher{}
-	if variant == prodRelay || variant == prodRelayNotify {
+	if variant == prodRelay || variant == prodRelayNotify || variant == prodRelayIdle2 {
 		// In process, the relay is on the producers' pool, whose writes
 		// wake it; with NOTIFY, on a pool of its own, as in another
 		// process, so that only the notifications wake it.
-		relayDB := b.db
+		relayDB := pool
 		if variant == prodRelayNotify {
 			var err error
 			if relayDB, err = b.open(""); err != nil {
@@ -260,7 +274,7 @@ func (b *bench) producerRun(ctx context.Context, variant string, d time.Duration
 		opts.Notifier = n
 	}
 	opts.SkipReadBack = variant == prodEnqueueSkip
-	box, err := b.store(b.db, table, opts)
+	box, err := b.store(pool, table, opts)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -268,20 +282,22 @@ func (b *bench) producerRun(ctx context.Context, variant string, d time.Duration
 		goRun(relay.Run)
 	}
 
-	n, el, err := b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, box, variant, i) })
+	closedBefore := pool.Stats().MaxIdleClosed
+	n, el, err := b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, pool, box, variant, i) })
 	if err != nil {
 		return 0, 0, err
 	}
 	if relay != nil {
-		b.log.Debug("relay beside producers", append([]any{"variant", variant, "published", pub.n.Load(), "committed", n}, timed.summary()...)...)
+		b.log.Debug("relay beside producers", append([]any{"variant", variant, "published", pub.n.Load(), "committed", n,
+			"connections_closed_for_want_of_an_idle_slot", pool.Stats().MaxIdleClosed - closedBefore}, timed.summary()...)...)
 	}
 	return n, el, nil
 }
 
 // produceOrder is the producer's business transaction: an order row and,
 // but for the plain variant, its event.
-func (b *bench) produceOrder(ctx context.Context, box *sqlxoutbox.Outbox, variant string, i int) error {
-	tx, err := b.db.BeginTx(ctx, nil)
+func (b *bench) produceOrder(ctx context.Context, db *sql.DB, box *sqlxoutbox.Outbox, variant string, i int) error {
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
