@@ -15,12 +15,19 @@ import (
 // transaction would stop every writer of the database.
 var sqliteLocks sync.Map
 
-// TryLock takes the named lock of the database without waiting: a
-// session-level advisory lock on PostgreSQL (pg_try_advisory_lock of a hash
-// of name, which is per database), GET_LOCK on MySQL and MariaDB (of a hash
-// of the database's name and name). Both are held by one connection
-// taken from db for as long as the lock is, and vanish with it, so a
-// process killed while holding one frees it. On SQLite the lock is only
+// TryLock takes the named lock of the database without waiting: on
+// PostgreSQL a transaction-level advisory lock (pg_try_advisory_xact_lock
+// of a hash of name, which is per database) in a transaction left open
+// until release, GET_LOCK on MySQL and MariaDB (of a hash of the
+// database's name and name). Both are held by one connection taken from db
+// for as long as the lock is, and vanish with it, so a process killed
+// while holding one frees it. On PostgreSQL the open transaction keeps the
+// connection's server session through a pooler in transaction mode
+// (PgBouncer), where a session-level lock would be taken by whichever
+// server connection ran the statement; it writes nothing and holds no
+// snapshot between statements, so it holds vacuum back no more than an
+// idle session (a server's idle_in_transaction_session_timeout ends it,
+// and the lock with it). On SQLite the lock is only
 // this process's, per *sql.DB: two processes on one SQLite file can both
 // hold it.
 //
@@ -50,11 +57,7 @@ func (d Dialect) TryLock(ctx context.Context, db *sql.DB, name string) (release 
 	var arg any
 	switch d.kind {
 	case kindPostgres:
-		h := fnv.New64a()
-		h.Write([]byte("txoutbox:" + name))
-		arg = int64(h.Sum64())
-		err = conn.QueryRowContext(ctx, "SELECT CAST(pg_try_advisory_lock($1) AS int)", arg).Scan(&got)
-		unlock = "SELECT pg_advisory_unlock($1)"
+		return tryXactLock(ctx, conn, name)
 	default:
 		// GET_LOCK names are server-wide and at most 64 characters: the
 		// name is scoped to the database, hashed.
@@ -75,6 +78,38 @@ func (d Dialect) TryLock(ctx context.Context, db *sql.DB, name string) (release 
 		once.Do(func() {
 			// A connection that cannot unlock is discarded, which unlocks.
 			if _, err := conn.ExecContext(context.WithoutCancel(ctx), unlock, arg); err != nil {
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
+			conn.Close()
+		})
+	}, true, nil
+}
+
+// tryXactLock takes PostgreSQL's lock of TryLock on conn, in a transaction
+// that release rolls back.
+func tryXactLock(ctx context.Context, conn *sql.Conn, name string) (release func(), ok bool, err error) {
+	h := fnv.New64a()
+	h.Write([]byte("txoutbox:" + name))
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		conn.Close()
+		return nil, false, fmt.Errorf("dialect: lock %q: %w", name, err)
+	}
+	var got bool
+	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", int64(h.Sum64())).Scan(&got); err != nil || !got {
+		_ = tx.Rollback()
+		conn.Close()
+		if err != nil {
+			return nil, false, fmt.Errorf("dialect: lock %q: %w", name, err)
+		}
+		return nil, false, nil
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			// A connection that cannot roll back is discarded, which
+			// ends the transaction and its lock.
+			if err := tx.Rollback(); err != nil {
 				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 			}
 			conn.Close()

@@ -11,7 +11,8 @@
 # RabbitMQ (Debian's rabbitmq-server, two nodes with their own names and ports: the
 # second for the tests that stop the broker), the goaws SNS/SQS
 # emulator and the gofakes3 S3 server (each built from its Go module), and
-# nats-server with JetStream on disk (Debian's nats-server).
+# nats-server with JetStream on disk (Debian's nats-server), and PgBouncer
+# (Debian's pgbouncer) in transaction pooling mode in front of PostgreSQL.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,6 +27,7 @@ SNS_PORT=${TXOUTBOX_SNS_PORT:-24100}
 MARIADB_PORT=${TXOUTBOX_MARIADB_PORT:-24306}
 S3_PORT=${TXOUTBOX_S3_PORT:-24900}
 NATS_PORT=${TXOUTBOX_NATS_PORT:-24222}
+PGBOUNCER_PORT=${TXOUTBOX_PGBOUNCER_PORT:-24434}
 case "${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}" in
 *@*)
 	echo "services: TXOUTBOX_RABBITMQ_NODENAME=$TXOUTBOX_RABBITMQ_NODENAME: give the name without @host (@localhost is added)" >&2
@@ -360,6 +362,58 @@ start_nats() {
 	return 1
 }
 
+start_pgbouncer() {
+	# Transaction pooling, as most production PgBouncers run: a server
+	# connection belongs to a client only for one transaction. Run as the
+	# postgres user (pgbouncer refuses root), trusting loopback as the
+	# test cluster does.
+	need_pkg /usr/sbin/pgbouncer pgbouncer
+	local dir=$PG_DIR/pgbouncer
+	if [ -f "$dir/pgbouncer.pid" ] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null; then
+		log "pgbouncer already running on $PGBOUNCER_PORT"
+		return
+	fi
+	port_free "$PGBOUNCER_PORT" pgbouncer PGBOUNCER
+	mkdir -p "$dir"
+	cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=$PG_PORT
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $PGBOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/users.txt
+pool_mode = transaction
+max_client_conn = 1000
+default_pool_size = 40
+max_db_connections = 60
+server_reset_query =
+ignore_startup_parameters = extra_float_digits
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+	echo '"postgres" ""' >"$dir/users.txt"
+	chown -R postgres "$dir"
+	su postgres -s /bin/sh -c "/usr/sbin/pgbouncer -d $dir/pgbouncer.ini" >&2
+	local i
+	for i in $(seq 1 100); do
+		if (exec 3<>"/dev/tcp/127.0.0.1/$PGBOUNCER_PORT") 2>/dev/null; then
+			log "pgbouncer $(/usr/sbin/pgbouncer --version | head -1 | cut -d' ' -f2) up on 127.0.0.1:$PGBOUNCER_PORT (transaction pooling)"
+			return
+		fi
+		sleep 0.1
+	done
+	log "pgbouncer did not start; its log:"
+	cat "$dir/pgbouncer.log" >&2
+	return 1
+}
+
+stop_pgbouncer() {
+	local pid=$PG_DIR/pgbouncer/pgbouncer.pid
+	if [ -f "$pid" ]; then kill "$(cat "$pid")" 2>/dev/null || true; rm -f "$pid"; fi
+}
+
 stop_nats() {
 	if [ -f "$SVC/nats.pid" ]; then kill "$(cat "$SVC/nats.pid")" 2>/dev/null || true; rm -f "$SVC/nats.pid"; fi
 }
@@ -373,6 +427,8 @@ export TXOUTBOX_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $RABBIT_NODE'
 export TXOUTBOX_SNS_ENDPOINT='http://127.0.0.1:$SNS_PORT'
 export TXOUTBOX_CHROMIUM='/usr/bin/chromium'
 export TXOUTBOX_NATS_URL='nats://127.0.0.1:$NATS_PORT'
+# PgBouncer in transaction pooling mode in front of TXOUTBOX_PG_DSN's server.
+export TXOUTBOX_PGBOUNCER_DSN='postgres://postgres@127.0.0.1:$PGBOUNCER_PORT/postgres?sslmode=disable'
 export TXOUTBOX_S3_URL='s3://txoutbox?endpoint=http://127.0.0.1:$S3_PORT&use_path_style=true&region=us-east-1&anonymous=true'
 export TXOUTBOX_RABBITMQ_ENV='$(rabbit_env "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq")'
 # The node the outage tests stop and start (make test points them at it).
@@ -392,6 +448,7 @@ stop_all() {
 	stop_goaws
 	stop_s3
 	stop_nats
+	stop_pgbouncer
 	stop_mariadb
 }
 
@@ -401,6 +458,7 @@ start)
 	# The console's browser tests drive a real Chromium (chromedp).
 	need_pkg /usr/bin/chromium chromium
 	start_postgres
+	start_pgbouncer
 	start_mariadb
 	start_rabbitmq "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq" AMQP
 	start_rabbitmq "$OUTAGE_NODE" "$OUTAGE_AMQP_PORT" "$OUTAGE_AMQP_DIST_PORT" "$SVC/rabbitmq-outage" OUTAGE_AMQP
