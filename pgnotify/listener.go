@@ -2,6 +2,7 @@ package pgnotify
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -106,7 +107,9 @@ func (l *Listener) Stats() ListenerStats {
 }
 
 // Run listens until ctx is cancelled, reconnecting with backoff whenever the
-// connection fails, and returns nil then. After every successful LISTEN it
+// connection fails, and returns nil then. It returns ErrPooledListen at
+// once, after one error log with the fix, when its connection goes through
+// a pooler in transaction mode, where LISTEN cannot work. After every successful LISTEN it
 // calls the target once, because events may have been enqueued while it was
 // not listening. It returns ErrAlreadyRunning if called twice concurrently.
 func (l *Listener) Run(ctx context.Context) error {
@@ -121,6 +124,12 @@ func (l *Listener) Run(ctx context.Context) error {
 			return nil
 		}
 		l.errs.Add(1)
+		if errors.Is(err, ErrPooledListen) {
+			l.log.Error("pgnotify: the listener's connection goes through a pooler in transaction mode, where LISTEN does not stick: "+
+				"no notification would arrive; connect the Listener to PostgreSQL directly (a DSN that bypasses PgBouncer), "+
+				"or leave the relay to its polling; the listener stops", "error", err)
+			return err
+		}
 		wait := b.next()
 		l.log.Warn("pgnotify: listener connection lost; relay falls back to polling until it is back", "error", err, "retry_in", wait)
 		select {
@@ -147,6 +156,9 @@ func (l *Listener) session(ctx context.Context, b *backoff) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
 		return fmt.Errorf("pgnotify: listen: %w", err)
 	}
+	if err := l.checkListening(ctx, conn); err != nil {
+		return err
+	}
 	l.pid.Store(conn.PgConn().PID())
 	if n := l.connects.Add(1); n > 1 {
 		l.log.Info("pgnotify: listener reconnected", "connects", n)
@@ -166,4 +178,52 @@ func (l *Listener) session(ctx context.Context, b *backoff) error {
 		l.notifications.Add(1)
 		l.target.Notify()
 	}
+}
+
+// simple runs the checks unprepared, so that they work through a pooler
+// whatever the connection's default_query_exec_mode.
+const simple = pgx.QueryExecModeSimpleProtocol
+
+// checkListening returns ErrPooledListen when conn's LISTEN did not stick
+// to its session. A pooler hands the client a process ID of its own: when
+// the server's pg_backend_pid() is the one the connection announced, the
+// connection is the session and LISTEN sticks. Otherwise a probe
+// connection holds a server connection in a transaction (a PgBouncer
+// hands back the one just released, LISTEN's, first) while conn asks
+// whether its session listens: in session pooling it still does; in
+// transaction pooling the question runs on another server connection,
+// which does not.
+func (l *Listener) checkListening(ctx context.Context, conn *pgx.Conn) error {
+	var pid uint32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", simple).Scan(&pid); err != nil {
+		return fmt.Errorf("pgnotify: check the session: %w", err)
+	}
+	if pid == conn.PgConn().PID() {
+		return nil
+	}
+	probe, err := pgx.ConnectConfig(ctx, l.cfg)
+	if err != nil {
+		return fmt.Errorf("pgnotify: connect the pooler probe: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = probe.Close(cctx)
+	}()
+	tx, err := probe.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pgnotify: pooler probe: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a read-only probe
+	if _, err := tx.Exec(ctx, "SELECT 1", simple); err != nil {
+		return fmt.Errorf("pgnotify: pooler probe: %w", err)
+	}
+	var listening bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_listening_channels() AS c WHERE c = $1)", simple, l.channel).Scan(&listening); err != nil {
+		return fmt.Errorf("pgnotify: check LISTEN: %w", err)
+	}
+	if !listening {
+		return fmt.Errorf("%w (channel %q)", ErrPooledListen, l.channel)
+	}
+	return nil
 }

@@ -74,6 +74,13 @@ const (
 // already running: each owns one connection and one loop.
 var ErrAlreadyRunning = errors.New("pgnotify: already running")
 
+// ErrPooledListen means the Listener's connection goes through a pooler in
+// transaction mode (PgBouncer's pool_mode = transaction): its LISTEN ran on
+// a server connection that went back to the pool, so no notification would
+// reach it. Connect the Listener to PostgreSQL directly, or leave the
+// relay to its polling (RelayOptions.PollInterval).
+var ErrPooledListen = errors.New("pgnotify: LISTEN does not stick through a pooler in transaction mode")
+
 // maxChannelLen is PostgreSQL's identifier limit (NAMEDATALEN - 1): longer
 // channel names are truncated by LISTEN but not by pg_notify, so the two
 // halves would silently miss each other.

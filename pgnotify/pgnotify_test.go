@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -454,4 +455,56 @@ func relayWokenAcrossConnections(t *testing.T, n *pgnotify.Notifier, newListener
 	if s := l.Stats(); s.Notifications < 1 {
 		t.Errorf("listener stats %+v", s)
 	}
+}
+
+// A Listener whose connection goes through PgBouncer in transaction
+// pooling mode stops at once with ErrPooledListen and one error line with
+// the fix, instead of waiting for notifications that cannot come (with or
+// without pgx's statement cache); the same Listener on a direct
+// connection listens.
+func TestListenerRefusesATransactionPooler(t *testing.T) {
+	t.Parallel()
+	for _, params := range [][]string{nil, {"default_query_exec_mode", "exec"}} {
+		bouncer, direct := testenv.PgBouncerDSN(t, params...)
+		var out syncBuffer
+		l, err := pgnotify.NewListener(bouncer, newWakes(), pgnotify.ListenerOptions{Logger: slog.New(slog.NewTextHandler(&out, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		err = l.Run(ctx)
+		cancel()
+		if !errors.Is(err, pgnotify.ErrPooledListen) {
+			t.Fatalf("%v: Run through PgBouncer = %v, want ErrPooledListen:\n%s", params, err, out.String())
+		}
+		if n := strings.Count(out.String(), "level=ERROR"); n != 1 || !strings.Contains(out.String(), "directly") {
+			t.Errorf("%v: %d error lines, want one naming the fix:\n%s", params, n, out.String())
+		}
+		w := newWakes()
+		l, err = pgnotify.NewListener(direct, w, pgnotify.ListenerOptions{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, l.Run)
+		<-l.Ready()
+		w.wait(t, "the wake-up after connecting directly")
+	}
+}
+
+// syncBuffer is a log destination for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
