@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -559,5 +560,51 @@ func TestServerCrashSendsNothingConfirmedAgain(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if n := again.Distinct() - len(more); n != 0 {
 		t.Errorf("the relay after the crash sent %d of the %d confirmed events again", n, len(evs))
+	}
+}
+
+// Producers through PgBouncer (transaction pooling), the log relay on a
+// direct DSN: every event is streamed. The same relay given the pooler's
+// DSN stops with ErrPooler, which names the fix.
+func TestBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	bouncer, direct := testenv.PgBouncerDSN(t, "default_query_exec_mode", "exec")
+	s := fixtures.NewSQLX(t, sqlx.NewDb(testenv.OpenPostgresDSN(t, bouncer), "pgx"), dialect.Postgres, fixtures.Options{Logger: quiet, SkipInbox: true})
+	names := logrelay.Names{Table: s.Table.String(), Slot: "t_" + testenv.RandomSuffix(), Publication: "t_" + testenv.RandomSuffix()}
+	if err := logrelay.Setup(t.Context(), direct, names); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = logrelay.Teardown(context.Background(), direct, names, logrelay.TeardownOptions{Force: true}) })
+
+	viaPooler, err := logrelay.New(s.Box, core.PublisherFunc(func(context.Context, []core.Event) error { return nil }),
+		logrelay.Options{ConnString: bouncer, Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	began := time.Now()
+	err = viaPooler.Run(ctx)
+	cancel()
+	t.Logf("Run through the pooler returned after %v", time.Since(began))
+	if !errors.Is(err, logrelay.ErrPooler) || !strings.Contains(err.Error(), "direct DSN") {
+		t.Fatalf("log relay through PgBouncer: Run = %v, want ErrPooler naming the fix", err)
+	}
+
+	rec := outboxtest.NewRecorder()
+	r, err := logrelay.New(s.Box, rec, logrelay.Options{ConnString: direct, Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, r)
+	evs := events(t, 40, 4)
+	for i := 0; i < len(evs); i += 10 {
+		if err := s.StoreFixture().Enqueue(t.Context(), evs[i:i+10], true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer wcancel()
+	if err := rec.WaitDistinct(wctx, len(evs)); err != nil {
+		t.Fatalf("%d of %d events streamed: %v", rec.Distinct(), len(evs), err)
 	}
 }

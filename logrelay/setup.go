@@ -51,6 +51,11 @@ var (
 	ErrNotDrained = errors.New("logrelay: slot holds events no relay has confirmed")
 	// ErrWALLevel: the server does not run with wal_level = logical.
 	ErrWALLevel = errors.New("logrelay: the server's wal_level is not logical")
+	// ErrPooler: ConnString reaches PostgreSQL through a connection pooler
+	// (PgBouncer), which does not pass replication connections. Log
+	// mode's relay needs a DSN that reaches the server directly;
+	// producers may keep theirs through the pooler.
+	ErrPooler = errors.New("logrelay: the replication connection must reach PostgreSQL directly, not through a connection pooler (PgBouncer); give the log relay a direct DSN, producers may keep the pooler")
 )
 
 // Names are the database objects of log mode for one outbox table.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,13 +19,13 @@ import (
 	"github.com/txoutbox/txoutbox/internal/logstream"
 )
 
-// classify judges the error that ended a session: no slot or an
-// invalidated one cannot be streamed; a slot in use (55006) is another
-// relay's; anything else is a lost connection.
+// classify judges the error that ended a session: no slot, an
+// invalidated one, or a pooler in the way cannot be streamed; a slot in
+// use (55006) is another relay's; anything else is a lost connection.
 func classify(err error) (logstream.Verdict, string) {
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.Is(err, ErrNoSlot), errors.Is(err, ErrSlotInvalidated):
+	case errors.Is(err, ErrNoSlot), errors.Is(err, ErrSlotInvalidated), errors.Is(err, ErrPooler):
 		return logstream.Fatal, ""
 	case errors.As(err, &pgErr) && pgErr.Code == "55006":
 		return logstream.Standby, pgErr.Message
@@ -58,6 +59,10 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 	}
 	conn, err := pgconn.ConnectConfig(ctx, r.repl)
 	if err != nil {
+		if strings.Contains(err.Error(), "unsupported startup parameter: replication") {
+			// PgBouncer refuses the replication protocol.
+			return fmt.Errorf("%w: %w", ErrPooler, err)
+		}
 		return err
 	}
 	defer conn.Close(context.Background())
