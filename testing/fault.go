@@ -148,7 +148,19 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 		count := func(h message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
 				delivered(msg.Metadata.Get(core.HeaderEventID))
-				return h(msg)
+				out, err := h(msg)
+				if err != nil {
+					// A consumer whose database is down (a fault of the
+					// inbox's connection) would otherwise nack and take
+					// the message back in a tight loop, and every lap
+					// would count as a duplicate delivery: pause before
+					// the nack, as a consumer's retry backoff does.
+					select {
+					case <-msg.Context().Done():
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+				return out, err
 			}
 		}
 		runInboxConsumer(t, in, consumer, testLogger(t), "fault", b.topic(et), b.Subscriber, count, func(msg *message.Message) error {

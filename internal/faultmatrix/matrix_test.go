@@ -78,6 +78,9 @@ type cell struct {
 	// The cell's own nats-server (NATS rows), which the restart fault
 	// stops and starts on its JetStream storage.
 	nats *testenv.NATS
+	// The cell's own PgBouncer (backendPgBouncer), which the pooler fault
+	// stops and starts.
+	bouncer *testenv.PgBouncer
 	// The consumer process (consumer SIGKILL): its inbox database, how it
 	// reaches the broker and as which group, what it consumes, and where
 	// it reports deliveries.
@@ -98,6 +101,9 @@ const (
 	backendMariaDB                 // MariaDB, table mode
 	backendLog                     // PostgreSQL, log mode (package logrelay)
 	backendBinlog                  // MariaDB, log mode from the binlog (package binlogrelay)
+	// PostgreSQL, table mode, producers, relay and consumer through a
+	// PgBouncer of the cell's own in transaction pooling mode.
+	backendPgBouncer
 )
 
 // store makes a fresh PostgreSQL outbox whose producers write directly and
@@ -111,6 +117,11 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 		dsn = c.server.NewDatabase(t)
 	} else {
 		dsn = testenv.PostgresDSN(t)
+	}
+	if c.backend == backendPgBouncer {
+		u, _ := url.Parse(dsn)
+		c.bouncer = testenv.StartPgBouncer(t, u.Host)
+		dsn = c.bouncer.DSN(strings.TrimPrefix(u.Path, "/"))
 	}
 	direct, err := sql.Open("pgx", dsn)
 	if err != nil {
@@ -199,6 +210,10 @@ func (c *cell) mariaDBStore(t *testing.T) *outboxtest.StoreFixture {
 // database (sqlx), whose DSN a consumer process gets.
 func (c *cell) inbox(t *testing.T) *outboxtest.InboxFixture {
 	c.inboxDSN = testenv.PostgresDSN(t)
+	if c.bouncer != nil {
+		u, _ := url.Parse(c.inboxDSN)
+		c.inboxDSN = c.bouncer.DSN(strings.TrimPrefix(u.Path, "/"))
+	}
 	db := testenv.OpenPostgresDSN(t, c.inboxDSN)
 	be := fixtures.InboxBackend{Name: "Postgres", Dialect: "postgres", Open: func(testing.TB) *sql.DB { return db }}
 	f, _, _ := be.NewSQLInbox(t, true)
@@ -404,6 +419,8 @@ type faultCase struct {
 	// binlog: the fault is the binlog's: only MariaDB log mode's rows run
 	// it.
 	binlog bool
+	// pooler: the fault is the PgBouncer's: only its row runs it.
+	pooler bool
 	// brokerSide: the fault is the broker's alone, so the quick form runs
 	// it once per broker (with the outbox on PostgreSQL), not again with
 	// the outbox on MariaDB.
@@ -459,6 +476,11 @@ func faults(c *cell) []faultCase {
 	// server of the cell's own (a purge would take other tests' files).
 	purge := fault("binlog rotated and purged (FLUSH BINARY LOGS, PURGE BINARY LOGS)", "", c.rotateAndPurge, func(*testing.T) {})
 	purge.crash, purge.binlog, purge.storeSide = true, true, true
+	// PgBouncer shut down at once (SIGTERM closes its clients'
+	// connections) and started again: producers, relay and consumer lose
+	// their connections to the database together.
+	pooler := fault("PgBouncer restarted (SIGTERM, start)", "store", func(t *testing.T) { c.bouncer.Stop(t) }, func(t *testing.T) { c.bouncer.Start(t) })
+	pooler.pooler = true
 	brokerSide := func(f faultCase) faultCase { f.brokerSide = true; return f }
 	storeSide := func(f faultCase) faultCase { f.storeSide = true; return f }
 	return []faultCase{
@@ -475,6 +497,7 @@ func faults(c *cell) []faultCase {
 		restart,
 		crash,
 		purge,
+		pooler,
 	}
 }
 
@@ -745,6 +768,8 @@ func TestFaultMatrix(t *testing.T) {
 	// its server stopped and started, the relay's and the consumer's
 	// SIGKILL (the database's faults do not change with the broker).
 	brokers = append(brokers, broker{name: "NATS JetStream", kind: "NATS", backend: backendPostgres})
+	// PostgreSQL behind PgBouncer: the pooler's restart.
+	brokers = append(brokers, broker{name: "RabbitMQ, through PgBouncer", kind: "RabbitMQ", backend: backendPgBouncer})
 	base := outboxtest.FaultOptions{}
 	if long {
 		base.Rate, base.Before, base.After = 400, 5*time.Second, 5*time.Second
@@ -755,10 +780,15 @@ func TestFaultMatrix(t *testing.T) {
 			for mi, mode := range []core.OrderingMode{core.OrderingOff, core.OrderingOn} {
 				names := faults(&cell{backend: b.backend})
 				for i := range names {
+					if (b.backend == backendPgBouncer) != names[i].pooler {
+						continue
+					}
 					if b.kind == "NATS" {
 						if !natsFault(names[i]) || !long && (mi+i)%2 != 0 {
 							continue
 						}
+					} else if b.backend == backendPgBouncer {
+						// Both modes.
 					} else if !long && names[i].storeSide && bi%3 != (int(b.backend)+mi+i)%3 {
 						// One broker of three for a fault the broker does
 						// not change (see faultCase.storeSide).
@@ -781,7 +811,7 @@ func TestFaultMatrix(t *testing.T) {
 						if mode == core.OrderingOn {
 							continue
 						}
-					} else if b.kind != "NATS" && !long && !names[i].storeSide && (bi+mi+i)%2 != 0 {
+					} else if b.kind != "NATS" && b.backend != backendPgBouncer && !long && !names[i].storeSide && (bi+mi+i)%2 != 0 {
 						// Every broker meets the fault in one of the two
 						// modes, and each mode meets it with a broker:
 						// every pair of the cell's dimensions is run.
@@ -865,6 +895,10 @@ func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBr
 	}
 	if fc.consumer {
 		o.StartConsumer = c.startConsumer
+	}
+	if fc.pooler {
+		// The producers' connections go through the pooler too.
+		o.ProducersMayFail = true
 	}
 	c.kafkaRestart = fc.kafkaRestart
 	fault := fc.Fault
