@@ -114,4 +114,3 @@ func TestExactlyOnce(t *testing.T) {
 	t.Parallel()
 	outboxtest.RunExactlyOnce(t, sqlxStore, func(t *testing.T) *outboxtest.BrokerFixture { return fixtures.RabbitMQ(t) }, sqlInbox)
 }
-
