@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -606,5 +607,61 @@ func TestBehindPgBouncer(t *testing.T) {
 	defer wcancel()
 	if err := rec.WaitDistinct(wctx, len(evs)); err != nil {
 		t.Fatalf("%d of %d events streamed: %v", rec.Distinct(), len(evs), err)
+	}
+}
+
+// Managed PostgreSQL, where nobody is superuser: a role with LOGIN and
+// REPLICATION that owns its database and the outbox table sets log mode
+// up, produces and streams.
+func TestSetupWithoutSuperuser(t *testing.T) {
+	t.Parallel()
+	admin := testenv.OpenPostgres(t)
+	role := "txo_" + testenv.RandomSuffix()
+	ctx := t.Context()
+	if _, err := admin.ExecContext(ctx, "CREATE ROLE "+role+" LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD 'pw'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+role+" OWNER "+role); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(testenv.Env(t, "TXOUTBOX_PG_DSN"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User, u.Path = url.UserPassword(role, "pw"), "/"+role
+	dsn := u.String()
+	t.Cleanup(func() {
+		names := logrelay.Names{Slot: role, Publication: role}
+		_ = logrelay.Teardown(context.Background(), dsn, names, logrelay.TeardownOptions{Force: true})
+		_, _ = admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+role+" WITH (FORCE)")
+		_, _ = admin.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	db := testenv.OpenPostgresDSN(t, dsn)
+	var super bool
+	if err := db.QueryRowContext(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super); err != nil || super {
+		t.Fatalf("the role is superuser (%v, %v): the test proves nothing", super, err)
+	}
+	s := fixtures.NewSQLX(t, sqlx.NewDb(db, "pgx"), dialect.Postgres, fixtures.Options{Logger: quiet, SkipInbox: true})
+	names := logrelay.Names{Table: s.Table.String(), Slot: role, Publication: role}
+	if err := logrelay.Setup(ctx, dsn, names); err != nil {
+		t.Fatalf("Setup as a non-superuser with REPLICATION that owns the table: %v", err)
+	}
+	rec := outboxtest.NewRecorder()
+	r, err := logrelay.New(s.Box, rec, logrelay.Options{ConnString: dsn, Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, r)
+	evs := events(t, 20, 4)
+	if err := s.StoreFixture().Enqueue(ctx, evs, true); err != nil {
+		t.Fatalf("producing as the non-superuser: %v", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(wctx, len(evs)); err != nil {
+		t.Fatalf("%d of %d events streamed: %v", rec.Distinct(), len(evs), err)
+	}
+	if _, err := logrelay.Status(ctx, dsn, names); err != nil {
+		t.Errorf("status as the non-superuser: %v", err)
 	}
 }
