@@ -2,7 +2,10 @@ package pgbouncertest_test
 
 import (
 	"database/sql"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"gorm.io/driver/postgres"
@@ -10,6 +13,10 @@ import (
 	"gorm.io/gorm/logger"
 
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
+	pgxoutbox "github.com/txoutbox/txoutbox/adapters/pgx"
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/console"
+	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/gormfixtures"
@@ -113,4 +120,75 @@ func TestInboxes(t *testing.T) {
 func TestExactlyOnce(t *testing.T) {
 	t.Parallel()
 	outboxtest.RunExactlyOnce(t, sqlxStore, func(t *testing.T) *outboxtest.BrokerFixture { return fixtures.RabbitMQ(t) }, sqlInbox)
+}
+
+// ExecWithEvents (the business statement and the events in one statement)
+// on database/sql and on pgxpool, and the console's pages, through
+// PgBouncer.
+func TestExecWithEventsAndConsole(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := bouncer(t)
+	db := testenv.OpenPostgresDSN(t, dsn)
+	if err := dialect.Migrate(ctx, db, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	sqlBox, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := testenv.OpenPgxPool(t, dsn)
+	pgxBox, err := pgxoutbox.New(pool, pgxoutbox.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newEvent := func(id string) core.Event {
+		ev, err := core.NewEvent("order", id, "order.created", map[string]string{"id": id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev
+	}
+	for i := range 20 {
+		id := fmt.Sprint("s-", i)
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sqlBox.ExecWithEvents(ctx, tx, "INSERT INTO orders (id) VALUES ($1)", []any{id}, newEvent(id)); err != nil {
+			t.Fatalf("database/sql ExecWithEvents through PgBouncer: %v", err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		id = fmt.Sprint("p-", i)
+		ptx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pgxBox.ExecWithEvents(ctx, ptx, "INSERT INTO orders (id) VALUES ($1)", []any{id}, newEvent(id)); err != nil {
+			t.Fatalf("pgx ExecWithEvents through PgBouncer: %v", err)
+		}
+		if err := ptx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var orders, events int
+	if err := db.QueryRowContext(ctx, "SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox_events)").Scan(&orders, &events); err != nil || orders != 40 || events != 40 {
+		t.Fatalf("%d orders and %d events (%v), want 40 of each", orders, events, err)
+	}
+	c, err := console.New(sqlBox, console.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/", "/events", "/dead"} {
+		rec := httptest.NewRecorder()
+		c.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		if rec.Code != http.StatusOK {
+			t.Errorf("console %s through PgBouncer: %d\n%s", path, rec.Code, rec.Body.String())
+		}
+	}
 }
