@@ -575,7 +575,9 @@ func TestBehindPgBouncer(t *testing.T) {
 	if err := logrelay.Setup(t.Context(), direct, names); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = logrelay.Teardown(context.Background(), direct, names, logrelay.TeardownOptions{Force: true}) })
+	t.Cleanup(func() {
+		_ = logrelay.Teardown(context.Background(), direct, names, logrelay.TeardownOptions{Force: true})
+	})
 
 	viaPooler, err := logrelay.New(s.Box, core.PublisherFunc(func(context.Context, []core.Event) error { return nil }),
 		logrelay.Options{ConnString: bouncer, Names: names, Relay: core.RelayOptions{Logger: quiet}})
