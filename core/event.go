@@ -21,9 +21,9 @@ const (
 // Event is one row of the outbox.
 //
 // Producers fill EventType, Payload and usually AggregateType, AggregateID and
-// Headers; NewEvent and Prepare fill the ID. The store owns Seq, CreatedAt
-// and the delivery bookkeeping (PublishedAt, AttemptCount, LastError,
-// NextAttemptAt, DeadAt).
+// Headers, and NotBefore for a scheduled event; NewEvent and Prepare fill
+// the ID. The store owns Seq, CreatedAt and the delivery bookkeeping
+// (PublishedAt, AttemptCount, LastError, NextAttemptAt, DeadAt).
 type Event struct {
 	// Seq is the store's position of the event (a BIGSERIAL on PostgreSQL).
 	// It orders events and identifies the row to the relay.
@@ -44,6 +44,17 @@ type Event struct {
 	// message attributes). Keys that collide with the Header* constants are
 	// overwritten by the relay.
 	Headers map[string]string
+	// NotBefore, when set, schedules the event: the relay publishes it no
+	// earlier than this time, by the database's clock (a reminder, a
+	// timeout, a delayed business step). It is written as the event's
+	// first NextAttemptAt, in the producer's transaction like any event.
+	// A time already past means now. The zero value publishes at once.
+	//
+	// In ordered mode a scheduled event does not hold back its
+	// aggregate's later events, as a failed one does: it takes its place
+	// in the aggregate's order at its time, as if written then. Log mode
+	// hands it to the table, whose relay publishes it when it falls due.
+	NotBefore time.Time
 	// CreatedAt is when the event was written (the database's clock).
 	CreatedAt time.Time
 	// PublishedAt is set once the broker accepted the event.

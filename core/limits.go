@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -108,6 +109,11 @@ func (e *Event) Validate(l Limits) error {
 	if e.ID != "" {
 		if _, err := uuid.Parse(e.ID); err != nil {
 			return fmt.Errorf("%w: ID %.64q is not a UUID", ErrInvalidEvent, e.ID)
+		}
+	}
+	if !e.NotBefore.IsZero() {
+		if y := e.NotBefore.UTC().Year(); y < 1970 || y > 9999 {
+			return fmt.Errorf("%w: NotBefore %s is outside the years 1970 to 9999", ErrInvalidEvent, e.NotBefore.UTC().Format(time.RFC3339))
 		}
 	}
 	if len(e.Headers) > l.MaxHeaders {

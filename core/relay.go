@@ -273,13 +273,13 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			wait = wakeGrace[0]
 		case res.Claimed > 0:
 			errWait = 0
-			wait = r.opts.PollInterval
+			wait = r.untilDue(ctx, log)
 		case grace < len(wakeGrace):
 			wait = wakeGrace[grace]
 			grace++
 		default:
 			errWait = 0
-			wait = r.opts.PollInterval
+			wait = r.untilDue(ctx, log)
 		}
 		if err == nil {
 			wait = max(wait, cooldown-time.Since(start))
@@ -295,6 +295,27 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			}
 		}
 	}
+}
+
+// untilDue is an idle worker's wait: the poll interval, or less when the
+// store knows that an event falls due sooner (a scheduled event, the end
+// of a backoff). A store that cannot tell, or fails to, leaves the poll.
+func (r *Relay) untilDue(ctx context.Context, log *slog.Logger) time.Duration {
+	wait := r.opts.PollInterval
+	if r.caps.NextDue == nil {
+		return wait
+	}
+	d, ok, err := r.caps.NextDue(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Debug("txoutbox: relay could not read when the next event falls due; polling", "error", err)
+		}
+		return wait
+	}
+	if ok && d < wait {
+		return d
+	}
+	return wait
 }
 
 // storeState logs the start and the end of a run of failed batches once

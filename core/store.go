@@ -62,6 +62,12 @@ type StoreCapabilities struct {
 	// relays of one outbox share the partitions of ordered mode. A relay in
 	// ordered mode without RelayOptions.Ordered.Leaser uses it.
 	NewLeaser func(LeaserConfig) (PartitionLeaser, error)
+	// NextDue, when not nil, reports how long, by the database's clock,
+	// until the next event that is not due yet falls due (a scheduled
+	// event's NotBefore, the end of a backoff), and false when there is
+	// none. An idle relay sleeps no longer than that, so that scheduled
+	// events and retries go out on time instead of at the next poll.
+	NextDue func(ctx context.Context) (time.Duration, bool, error)
 }
 
 // LeaserConfig is what a relay passes to StoreCapabilities.NewLeaser.
@@ -115,14 +121,21 @@ type Failure struct {
 
 // Stats is a snapshot of the outbox's health.
 type Stats struct {
-	// Pending counts unpublished, not dead events.
+	// Pending counts unpublished, not dead events that are due or in
+	// backoff: the relay's backlog. Scheduled events are not counted
+	// until their time comes.
 	Pending int64
-	// OldestPending is the CreatedAt of the oldest pending event, zero when
+	// OldestPending is when the oldest pending event fell due (its
+	// CreatedAt, or its NotBefore for a scheduled event), zero when
 	// nothing is pending.
 	OldestPending time.Time
-	// OldestPendingAge is how long the oldest pending event has waited,
-	// measured on the database's clock.
+	// OldestPendingAge is how long the oldest pending event has waited
+	// since it fell due, measured on the database's clock: the lag. A
+	// backlog of events scheduled for later is not lag.
 	OldestPendingAge time.Duration
+	// Scheduled counts events whose NotBefore is still ahead (never
+	// attempted, not yet due).
+	Scheduled int64
 	// Dead counts dead-lettered events.
 	Dead int64
 	// ByType breaks the counts down by event type; a store may leave it nil.
@@ -134,6 +147,7 @@ type TypeStats struct {
 	Pending          int64
 	OldestPendingAge time.Duration
 	Dead             int64
+	Scheduled        int64
 }
 
 // StatsReader is the part of a Store that Monitor reads.

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/txoutbox/txoutbox/core"
 )
@@ -35,7 +37,7 @@ func (q *Queries) InsertNoReturning(events []core.Event) (string, []any, error) 
 // insert is the INSERT of events followed by suffix; one, when set, is
 // its text for a single event.
 func (q *Queries) insert(events []core.Event, one, suffix string) (string, []any, error) {
-	if len(events) == 1 && one != "" {
+	if len(events) == 1 && one != "" && events[0].NotBefore.IsZero() {
 		// A producer's usual call: the statement is the same every time,
 		// only its arguments are built.
 		args, err := insertArgs(events, make([]any, 0, 6))
@@ -72,26 +74,77 @@ func (q *Queries) insertValues(events []core.Event) (string, []any, error) {
 	if len(events) == 0 || len(events) > MaxInsertRows {
 		return "", nil, fmt.Errorf("dialect: Insert takes 1 to %d events, got %d", MaxInsertRows, len(events))
 	}
-	row := "(?, ?, ?, ?, ?, ?)"
+	row := "(?, ?, ?, ?, ?, ?"
 	if q.d.kind == kindPostgres {
-		row = "(CAST(? AS uuid), ?, ?, ?, CAST(? AS jsonb), CAST(? AS jsonb))"
+		row = "(CAST(? AS uuid), ?, ?, ?, CAST(? AS jsonb), CAST(? AS jsonb)"
 	}
+	cols := " (event_id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES "
+	scheduled := slices.ContainsFunc(events, func(e core.Event) bool { return !e.NotBefore.IsZero() })
+	if scheduled {
+		// Only a statement with a scheduled event names next_attempt_at,
+		// so that every other insert stays the one the server knows.
+		cols = " (event_id, aggregate_type, aggregate_id, event_type, payload, headers, next_attempt_at) VALUES "
+		row += ", " + q.d.notBefore()
+	}
+	row += ")"
 	var b strings.Builder
 	b.Grow(100 + len(events)*(len(row)+2))
 	b.WriteString("INSERT INTO ")
 	b.WriteString(q.t)
-	b.WriteString(" (event_id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES ")
+	b.WriteString(cols)
 	for i := range events {
 		if i > 0 {
 			b.WriteString(", ")
 		}
 		b.WriteString(row)
 	}
-	args, err := insertArgs(events, make([]any, 0, 6*len(events)))
+	args, err := insertArgs(events, make([]any, 0, 7*len(events)))
 	if err != nil {
 		return "", nil, err
 	}
+	if scheduled {
+		args = q.d.appendNotBefore(events, args)
+	}
 	return b.String(), args, nil
+}
+
+// notBefore is the SQL of one row's next_attempt_at in an insert of
+// scheduled events: the later of the bound NotBefore (NULL when the event
+// has none) and the column's default, so that a time already past means
+// now and never dates the event's lag before its writing.
+func (d Dialect) notBefore() string {
+	switch d.kind {
+	case kindSQLite:
+		return "max(COALESCE(?, " + sqliteNow + "), " + sqliteNow + ")"
+	case kindMySQL:
+		return "GREATEST(COALESCE(CAST(? AS DATETIME(6)), " + mysqlNow + "), " + mysqlNow + ")"
+	}
+	return "GREATEST(CAST(? AS timestamptz), now())"
+}
+
+// appendNotBefore moves each row's NotBefore argument into place: every
+// row's six arguments are followed by its seventh. A time is rounded up
+// to the database's resolution (microseconds; milliseconds on SQLite), so
+// that rounding never makes an event due early.
+func (d Dialect) appendNotBefore(events []core.Event, six []any) []any {
+	res := time.Microsecond
+	if d.kind == kindSQLite {
+		res = time.Millisecond
+	}
+	args := make([]any, 0, 7*len(events))
+	for i := range events {
+		args = append(args, six[6*i:6*i+6]...)
+		nb := events[i].NotBefore
+		if nb.IsZero() {
+			args = append(args, nil)
+			continue
+		}
+		if t := nb.Truncate(res); t.Before(nb) {
+			nb = t.Add(res)
+		}
+		args = append(args, d.TimeArg(nb))
+	}
+	return args
 }
 
 // insertArgs appends the six arguments of each event's row of an INSERT to

@@ -37,6 +37,7 @@ type Queries struct {
 	// claimMarked and claimMarkedAsync: see ClaimMarked (PostgreSQL).
 	claimMarked, claimMarkedAsync string
 	stats                         string
+	nextDue                       string
 	del                           string
 	get                           string
 	seq                           string
@@ -64,6 +65,12 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 	q := &Queries{d: d, id: id, t: d.qualified(id), cols: eventColumns}
 	now := d.now()
 	due := "published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= " + now
+	// A scheduled event is one never attempted whose time is ahead; one
+	// in backoff is lag. An unattempted event fell due at its first
+	// next_attempt_at (its created_at unless scheduled), a retried one
+	// when it was written.
+	scheduled := "(attempt_count = 0 AND next_attempt_at > " + now + ")"
+	fellDue := "CASE WHEN attempt_count = 0 THEN next_attempt_at ELSE created_at END"
 	switch d.kind {
 	case kindPostgres:
 		q.claim = "SELECT " + q.cols + " FROM " + q.t + " WHERE " + due +
@@ -75,10 +82,12 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 		// whole table once the dead rows were a few percent of it (550 ms
 		// instead of 15 ms with 5M published and 100k dead rows kept).
 		q.stats = "SELECT event_type, CAST(SUM(p) AS bigint), CAST(SUM(d) AS bigint), MIN(oldest)," +
-			" CAST(EXTRACT(EPOCH FROM " + now + " - MIN(oldest)) AS double precision) FROM (" +
-			"SELECT event_type, COUNT(*) AS p, 0 AS d, MIN(created_at) AS oldest FROM " + q.t +
+			" CAST(EXTRACT(EPOCH FROM " + now + " - MIN(oldest)) AS double precision), CAST(SUM(s) AS bigint) FROM (" +
+			"SELECT event_type, COUNT(*) FILTER (WHERE NOT " + scheduled + ") AS p, 0 AS d," +
+			" MIN(" + fellDue + ") FILTER (WHERE NOT " + scheduled + ") AS oldest," +
+			" COUNT(*) FILTER (WHERE " + scheduled + ") AS s FROM " + q.t +
 			" WHERE published_at IS NULL AND dead_at IS NULL GROUP BY event_type" +
-			" UNION ALL SELECT event_type, 0, COUNT(*), NULL FROM " + q.t + " WHERE dead_at IS NOT NULL GROUP BY event_type" +
+			" UNION ALL SELECT event_type, 0, COUNT(*), NULL, 0 FROM " + q.t + " WHERE dead_at IS NOT NULL GROUP BY event_type" +
 			") s GROUP BY event_type"
 		q.get = "SELECT " + q.cols + " FROM " + q.t + " WHERE event_id = CAST(? AS uuid) ORDER BY id LIMIT 1"
 	case kindSQLite:
@@ -89,10 +98,11 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 			" AND (claimed_until IS NULL OR claimed_until <= " + now + ")" +
 			" ORDER BY next_attempt_at, id LIMIT ?) RETURNING " + q.cols
 		q.stats = "SELECT event_type," +
-			" SUM(CASE WHEN dead_at IS NULL THEN 1 ELSE 0 END)," +
+			" SUM(CASE WHEN dead_at IS NULL AND NOT " + scheduled + " THEN 1 ELSE 0 END)," +
 			" SUM(CASE WHEN dead_at IS NOT NULL THEN 1 ELSE 0 END)," +
-			" MIN(CASE WHEN dead_at IS NULL THEN created_at END)," +
-			" (julianday('now') - julianday(MIN(CASE WHEN dead_at IS NULL THEN created_at END))) * 86400.0" +
+			" MIN(CASE WHEN dead_at IS NULL AND NOT " + scheduled + " THEN " + fellDue + " END)," +
+			" (julianday('now') - julianday(MIN(CASE WHEN dead_at IS NULL AND NOT " + scheduled + " THEN " + fellDue + " END))) * 86400.0," +
+			" SUM(CASE WHEN dead_at IS NULL AND " + scheduled + " THEN 1 ELSE 0 END)" +
 			" FROM " + q.t + " WHERE published_at IS NULL GROUP BY event_type"
 		q.get = "SELECT " + q.cols + " FROM " + q.t + " WHERE event_id = ? ORDER BY id LIMIT 1"
 	case kindMySQL:
@@ -100,12 +110,22 @@ func (d Dialect) Queries(table string) (*Queries, error) {
 		q.claim = "SELECT " + q.cols + " FROM " + q.t + " WHERE " + due +
 			" ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
 		q.stats = "SELECT event_type," +
-			" SUM(CASE WHEN dead_at IS NULL THEN 1 ELSE 0 END)," +
+			" SUM(CASE WHEN dead_at IS NULL AND NOT " + scheduled + " THEN 1 ELSE 0 END)," +
 			" SUM(CASE WHEN dead_at IS NOT NULL THEN 1 ELSE 0 END)," +
-			" MIN(CASE WHEN dead_at IS NULL THEN created_at END)," +
-			" TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN dead_at IS NULL THEN created_at END), " + now + ") / 1000000.0" +
+			" MIN(CASE WHEN dead_at IS NULL AND NOT " + scheduled + " THEN " + fellDue + " END)," +
+			" TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN dead_at IS NULL AND NOT " + scheduled + " THEN " + fellDue + " END), " + now + ") / 1000000.0," +
+			" SUM(CASE WHEN dead_at IS NULL AND " + scheduled + " THEN 1 ELSE 0 END)" +
 			" FROM " + q.t + " WHERE published_at IS NULL GROUP BY event_type"
 		q.get = "SELECT " + q.cols + " FROM " + q.t + " WHERE event_id = ? ORDER BY id LIMIT 1"
+	}
+	ahead := " FROM " + q.t + " WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at > " + now
+	switch d.kind {
+	case kindPostgres:
+		q.nextDue = "SELECT CAST(EXTRACT(EPOCH FROM MIN(next_attempt_at) - " + now + ") AS double precision)" + ahead
+	case kindSQLite:
+		q.nextDue = "SELECT (julianday(MIN(next_attempt_at)) - julianday('now')) * 86400.0" + ahead
+	case kindMySQL:
+		q.nextDue = "SELECT TIMESTAMPDIFF(MICROSECOND, " + now + ", MIN(next_attempt_at)) / 1000000.0" + ahead
 	}
 	q.claim = d.rebind(q.claim)
 	q.stats = d.rebind(q.stats)
@@ -142,10 +162,16 @@ func (q *Queries) Probe() string { return "SELECT 1 FROM " + q.t + " WHERE 1 = 0
 func (q *Queries) Table() Identifier { return q.id }
 
 // Stats returns the query whose rows CollectStats reads: per event type the
-// pending and dead counts, the oldest pending created_at and its age by the
-// database's clock. It reads every unpublished row, so run it every few
+// pending and dead counts, when the oldest pending event fell due and its
+// age by the database's clock, and the count of scheduled events. It reads every unpublished row, so run it every few
 // seconds, not per event.
 func (q *Queries) Stats() string { return q.stats }
+
+// NextDue returns the query (no arguments) of how many seconds, by the
+// database's clock, until the earliest unpublished, not dead event that is
+// not due yet falls due; NULL when there is none. It reads the first entry
+// of the claim index past now.
+func (q *Queries) NextDue() string { return q.nextDue }
 
 // DeletePublished returns the DELETE of at most limit events published
 // before the given time, oldest first. Pending and dead events have no

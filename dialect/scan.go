@@ -133,15 +133,16 @@ func CollectStats(rows *sql.Rows) (core.Stats, error) {
 	s := core.Stats{ByType: map[string]core.TypeStats{}}
 	for rows.Next() {
 		var (
-			typ           string
-			pending, dead int64
-			oldest        Time
-			age           sql.NullFloat64
+			typ                      string
+			pending, dead, scheduled int64
+			oldest                   Time
+			age                      sql.NullFloat64
 		)
-		if err := rows.Scan(&typ, &pending, &dead, &oldest, &age); err != nil {
+		if err := rows.Scan(&typ, &pending, &dead, &oldest, &age, &scheduled); err != nil {
 			return core.Stats{}, err
 		}
-		ts := core.TypeStats{Pending: pending, Dead: dead}
+		ts := core.TypeStats{Pending: pending, Dead: dead, Scheduled: scheduled}
+		s.Scheduled += scheduled
 		if age.Valid && pending > 0 {
 			ts.OldestPendingAge = max(secondsToDuration(age.Float64), 0)
 		}

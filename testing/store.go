@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -396,6 +397,100 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		s, lagging, err = m.Check(ctx)
 		if err != nil || s.Pending != 0 || lagging || s.OldestPendingAge != 0 {
 			t.Errorf("after drain: %+v lagging=%v err=%v, want nothing pending", s, lagging, err)
+		}
+	})
+
+	// A scheduled event (core.Event.NotBefore) is not claimed before its
+	// time, is not lag while it waits, and is published soon after its
+	// time by a relay that would otherwise sleep a whole poll interval.
+	t.Run("ScheduledEventsWaitForTheirTime", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		ctx := t.Context()
+		evs := suiteEvents(t, uniqueType("scheduled"), 4, 4)
+		soon, now, past, tomorrow := &evs[0], &evs[1], &evs[2], &evs[3]
+		const delay = 2 * time.Second
+		soon.NotBefore = time.Now().Add(delay)
+		past.NotBefore = time.Now().Add(-time.Hour)
+		tomorrow.NotBefore = time.Now().Add(24 * time.Hour)
+		mustEnqueue(t, f, evs, true)
+
+		st, err := f.Store.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The past NotBefore means now: it does not date the event's lag
+		// an hour back.
+		if st.Pending != 2 || st.Scheduled != 2 || st.OldestPendingAge > time.Minute {
+			t.Errorf("stats %+v, want 2 pending (due), 2 scheduled, the oldest pending a moment old", st)
+		}
+		for _, ev := range []*core.Event{soon, tomorrow} {
+			if got := mustGet(t, f, ev.ID).NextAttemptAt; got.Before(ev.NotBefore) {
+				t.Errorf("event stored to be due at %v, before its NotBefore %v", got, ev.NotBefore)
+			}
+		}
+		c := mustClaim(t, f, 10)
+		var got []string
+		for _, ev := range c.Events() {
+			got = append(got, ev.ID)
+		}
+		if len(got) != 2 || !slices.Contains(got, now.ID) || !slices.Contains(got, past.ID) {
+			t.Fatalf("claimed %v, want only the unscheduled %s and the one scheduled in the past %s", got, now.ID, past.ID)
+		}
+		if err := c.Commit(ctx, core.Outcome{Published: []int64{c.Events()[0].Seq, c.Events()[1].Seq}}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := core.NewMonitor(f.Store, core.MonitorOptions{Logger: testLogger(t), LagThreshold: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, lagging, err := m.Check(ctx); err != nil || lagging || st.Pending != 0 || st.Scheduled != 2 {
+			t.Errorf("scheduled backlog: %+v lagging=%v err=%v, want 0 pending, 2 scheduled, no lag", st, lagging, err)
+		}
+
+		// The relay polls once a minute; the scheduled event must not wait
+		// for the next poll when the store can tell when it falls due.
+		var mu sync.Mutex
+		published := map[string]time.Time{}
+		pub := core.PublisherFunc(func(_ context.Context, batch []core.Event) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, ev := range batch {
+				if _, ok := published[ev.ID]; !ok {
+					published[ev.ID] = time.Now()
+				}
+			}
+			return nil
+		})
+		relay := mustRelay(t, f, pub, core.RelayOptions{PollInterval: time.Minute})
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(rctx) }()
+		deadline := time.Now().Add(delay + 20*time.Second)
+		for time.Now().Before(deadline) {
+			mu.Lock()
+			_, ok := published[soon.ID]
+			mu.Unlock()
+			if ok {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		at, ok := published[soon.ID]
+		switch {
+		case !ok && f.Store.Capabilities().NextDue != nil:
+			t.Errorf("the event scheduled %v ahead was not published within %v by a relay polling once a minute", delay, delay+20*time.Second)
+		case ok && at.Before(soon.NotBefore):
+			t.Errorf("the scheduled event was published %v early", soon.NotBefore.Sub(at))
+		}
+		if _, ok := published[tomorrow.ID]; ok {
+			t.Error("the event scheduled for tomorrow was published")
 		}
 	})
 

@@ -78,11 +78,28 @@ func NewChecked(opts Options) (*Store, error) {
 }
 
 // Capabilities implements core.Store: ordered claims, no concurrency limit,
-// and a wake-up signal notified at every commit that wrote events. Relays
-// in one process need no leaser: a partition is never served by two open
-// claims.
+// a wake-up signal notified at every commit that wrote events, and when
+// the next event falls due. Relays in one process need no leaser: a
+// partition is never served by two open claims.
 func (s *Store) Capabilities() core.StoreCapabilities {
-	return core.StoreCapabilities{OrderedClaims: true, OrderedPartitions: true, Wakeups: &s.signal}
+	return core.StoreCapabilities{OrderedClaims: true, OrderedPartitions: true, Wakeups: &s.signal, NextDue: s.nextDue}
+}
+
+// nextDue is StoreCapabilities.NextDue, by the store's clock.
+func (s *Store) nextDue(ctx context.Context) (time.Duration, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.opts.Now()
+	var next time.Time
+	for _, e := range s.events {
+		if e.PublishedAt == nil && e.DeadAt == nil && e.NextAttemptAt.After(now) && (next.IsZero() || e.NextAttemptAt.Before(next)) {
+			next = e.NextAttemptAt
+		}
+	}
+	if next.IsZero() {
+		return 0, false, nil
+	}
+	return next.Sub(now), true, nil
 }
 
 // Tx is a transaction of a Store: events enqueued in it become visible to
@@ -145,6 +162,9 @@ func (tx *Tx) Commit() error {
 		ev.Seq = s.seq
 		ev.CreatedAt = now
 		ev.NextAttemptAt = now
+		if ev.NotBefore.After(now) {
+			ev.NextAttemptAt = ev.NotBefore
+		}
 		e := ev
 		s.events = append(s.events, &e)
 	}
@@ -244,7 +264,9 @@ func (s *Store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, e
 		case e.DeadAt != nil:
 			return o.DeadLetter == core.DeadLetterBlock
 		}
-		return e.NextAttemptAt.After(now) || (s.held[e.Seq] != nil && s.held[e.Seq] != c)
+		// A scheduled event (never attempted) holds nothing back: it
+		// joins its aggregate's order when it falls due.
+		return (e.AttemptCount > 0 && e.NextAttemptAt.After(now)) || (s.held[e.Seq] != nil && s.held[e.Seq] != c)
 	}
 	blocked := map[string]bool{} // aggregates with an earlier blocking event
 	for _, e := range s.events {
@@ -403,15 +425,23 @@ func (s *Store) Stats(ctx context.Context) (core.Stats, error) {
 			continue
 		}
 		ts := st.ByType[e.EventType]
-		if e.DeadAt != nil {
+		switch {
+		case e.DeadAt != nil:
 			st.Dead++
 			ts.Dead++
-		} else {
+		case e.AttemptCount == 0 && e.NextAttemptAt.After(now):
+			st.Scheduled++
+			ts.Scheduled++
+		default:
 			st.Pending++
 			ts.Pending++
-			age := now.Sub(e.CreatedAt)
-			if st.OldestPending.IsZero() || e.CreatedAt.Before(st.OldestPending) {
-				st.OldestPending, st.OldestPendingAge = e.CreatedAt, age
+			due := e.CreatedAt
+			if e.AttemptCount == 0 {
+				due = e.NextAttemptAt
+			}
+			age := now.Sub(due)
+			if st.OldestPending.IsZero() || due.Before(st.OldestPending) {
+				st.OldestPending, st.OldestPendingAge = due, age
 			}
 			ts.OldestPendingAge = max(ts.OldestPendingAge, age)
 		}

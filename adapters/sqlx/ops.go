@@ -32,6 +32,18 @@ func (o *Outbox) Stats(ctx context.Context) (core.Stats, error) {
 	return s, nil
 }
 
+// nextDue is StoreCapabilities.NextDue.
+func (o *Outbox) nextDue(ctx context.Context) (time.Duration, bool, error) {
+	var secs sql.NullFloat64
+	if err := o.db.QueryRowContext(ctx, o.q.NextDue()).Scan(&secs); err != nil {
+		return 0, false, fmt.Errorf("sqlxoutbox: next due event: %w", dialect.CheckMigrated(err, o.q.Table()))
+	}
+	if !secs.Valid {
+		return 0, false, nil
+	}
+	return time.Duration(max(secs.Float64, 0) * float64(time.Second)), true, nil
+}
+
 // DeletePublished implements core.Store: it deletes at most limit events
 // published before the given time, oldest first. Pending and dead events are
 // never deleted. On SQLite, before is truncated to milliseconds.

@@ -279,7 +279,7 @@ func (o *Outbox) Queries() *dialect.Queries { return o.q }
 // PostgreSQL ordered claims of chosen partitions and the partition leaser
 // of package ordered, with which relays of one table share them.
 func (o *Outbox) Capabilities() core.StoreCapabilities {
-	c := core.StoreCapabilities{OrderedClaims: true, MaxConcurrency: o.d.MaxConcurrency(), Wakeups: o.wake}
+	c := core.StoreCapabilities{OrderedClaims: true, MaxConcurrency: o.d.MaxConcurrency(), Wakeups: o.wake, NextDue: o.nextDue}
 	if o.d.ClaimMode() == dialect.ClaimRowLocks {
 		c.OrderedPartitions = true
 		c.NewLeaser = func(lc core.LeaserConfig) (core.PartitionLeaser, error) {
