@@ -112,8 +112,9 @@ func (q *Queries) partitionLocks() string {
 // like Claim. An event is held back by an earlier unpublished event of its
 // aggregate that is in backoff or, under core.DeadLetterBlock, dead. Such an
 // event has failed at least once (new, re-queued and replayed events are due
-// at once), which lets the check use a small partial index of events with
-// attempt_count > 0 (see the ordered migration).
+// at once, and a scheduled one, never attempted, holds nothing back), which
+// lets the check use a small partial index of events with attempt_count > 0
+// (see the ordered migration).
 //
 // On MySQL it selects, without locking, the ids of the events the claim
 // takes; LockOrdered then locks them.
@@ -135,7 +136,7 @@ func (q *Queries) ClaimOrdered(o core.OrderedClaim, limit int, lease time.Durati
 			blocker += "(e.dead_at IS NOT NULL OR e.next_attempt_at > " + now + ")"
 		}
 	case kindSQLite:
-		pending := "(e.next_attempt_at > " + now + " OR e.claimed_until > " + now + ")"
+		pending := "((e.attempt_count > 0 AND e.next_attempt_at > " + now + ") OR e.claimed_until > " + now + ")"
 		if o.DeadLetter == core.DeadLetterSkip {
 			blocker = "e.dead_at IS NULL AND " + pending
 		} else {

@@ -59,6 +59,41 @@ func RunOrderedStore(t *testing.T, newStore NewStoreFunc) {
 		mustRelease(t, c)
 	})
 
+	// A scheduled event holds nothing back: its aggregate's later events
+	// go out now, and it takes its place in the order at its time.
+	t.Run("ScheduledEventHoldsNothingBack", func(t *testing.T) {
+		t.Parallel()
+		f := newOrderedFixture(t, newStore)
+		et := uniqueType("ordered")
+		var evs []core.Event
+		for i := range 3 {
+			ev, err := core.NewEvent("suite", "a", et, map[string]any{"n": i})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs = append(evs, ev)
+		}
+		evs[0].NotBefore = time.Now().Add(time.Hour)
+		mustEnqueue(t, f, evs, true)
+		for i := range evs {
+			evs[i].Seq = mustGet(t, f, evs[i].ID).Seq
+		}
+		req := core.ClaimRequest{Limit: 100, Ordered: &core.OrderedClaim{PartitionCount: 8}}
+		c := mustClaimReq(t, f, req)
+		if got := seqsOf(c.Events()); !slices.Equal(got, []int64{evs[1].Seq, evs[2].Seq}) {
+			t.Fatalf("ordered claim with a0 scheduled an hour ahead = %v, want a1, a2 (%v)", got, seqsOf(evs[1:]))
+		}
+		mustCommit(t, c, core.Outcome{Published: []int64{evs[1].Seq, evs[2].Seq}})
+		if err := f.Backdate(t.Context(), evs[0].ID, 2*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		c = mustClaimReq(t, f, req)
+		if got := seqsOf(c.Events()); !slices.Equal(got, []int64{evs[0].Seq}) {
+			t.Fatalf("ordered claim once a0 fell due = %v, want a0 (%d)", got, evs[0].Seq)
+		}
+		mustRelease(t, c)
+	})
+
 	for _, policy := range []core.DeadLetterPolicy{core.DeadLetterBlock, core.DeadLetterSkip} {
 		t.Run("DeadLetter"+map[core.DeadLetterPolicy]string{core.DeadLetterBlock: "Block", core.DeadLetterSkip: "Skip"}[policy], func(t *testing.T) {
 			t.Parallel()
