@@ -44,6 +44,8 @@ func decodeRow(names []string, row []any) (ev core.Event, ok bool, err error) {
 			ev.CreatedAt, err = toTime(v)
 		case "published_at":
 			pub = v
+		case "next_attempt_at":
+			ev.NextAttemptAt, err = toTime(v)
 		}
 		if err != nil {
 			return ev, false, fmt.Errorf("column %s: %w", name, err)
@@ -59,7 +61,12 @@ func decodeRow(names []string, row []any) (ev core.Event, ok bool, err error) {
 		return ev, false, fmt.Errorf("column published_at: %w", err)
 	}
 	ev.PublishedAt = &p
-	ev.NextAttemptAt = ev.CreatedAt
+	if ev.NextAttemptAt.After(ev.CreatedAt) {
+		// Scheduled: the stream hands it to the table.
+		ev.NotBefore = ev.NextAttemptAt
+	} else {
+		ev.NextAttemptAt = ev.CreatedAt
+	}
 	return ev, true, nil
 }
 

@@ -32,9 +32,12 @@ func newTable(db *sql.DB, r resolved, ropts core.RelayOptions) *table {
 			"id BIGINT PATH '$.id', pub DATETIME(6) PATH '$.pub', attempts INT PATH '$.a', err LONGTEXT PATH '$.e', " +
 			"retry BIGINT PATH '$.r', dead INT PATH '$.d')) AS j ON o.id = j.id" +
 			" SET o.published_at = NULL, o.attempt_count = j.attempts, o.last_error = j.err," +
-			" o.next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL j.retry MICROSECOND, o.dead_at = IF(j.dead = 1, UTC_TIMESTAMP(6), NULL)" +
+			" o.next_attempt_at = GREATEST(UTC_TIMESTAMP(6) + INTERVAL j.retry MICROSECOND, o.next_attempt_at), o.dead_at = IF(j.dead = 1, UTC_TIMESTAMP(6), NULL)" +
 			" WHERE o.published_at = j.pub AND o.attempt_count = 0 AND o.last_error IS NULL",
-		heldQ: "SELECT DISTINCT aggregate_id FROM " + r.quoted + " WHERE published_at IS NULL AND aggregate_id <> ''",
+		// A scheduled row (its next_attempt_at the producer's NotBefore)
+		// holds nothing back.
+		heldQ: "SELECT DISTINCT aggregate_id FROM " + r.quoted + " WHERE published_at IS NULL AND aggregate_id <> ''" +
+			" AND NOT (attempt_count = 0 AND next_attempt_at > UTC_TIMESTAMP(6))",
 		insert: "INSERT IGNORE INTO " + r.quoted + " (id, event_id, aggregate_type, aggregate_id, event_type, payload, headers," +
 			" created_at, published_at, attempt_count, last_error, next_attempt_at, dead_at) VALUES ",
 		exists: "SELECT id FROM " + r.quoted + " WHERE id IN (",
@@ -139,7 +142,7 @@ func (t *table) insertRows(idx []int, js []handed, rows []logstream.Row) (string
 		if k > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, IF(? = 1, UTC_TIMESTAMP(6), NULL))")
+		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, GREATEST(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, COALESCE(?, UTC_TIMESTAMP(6))), IF(? = 1, UTC_TIMESTAMP(6), NULL))")
 		ev, h := rows[i].Event, js[i]
 		headers := "{}"
 		if len(ev.Headers) > 0 {
@@ -149,8 +152,12 @@ func (t *table) insertRows(idx []int, js []handed, rows []logstream.Row) (string
 			}
 			headers = string(hb)
 		}
+		var notBefore any
+		if rows[i].Failure == nil && !ev.NotBefore.IsZero() {
+			notBefore = ev.NotBefore.UTC()
+		}
 		args = append(args, ev.Seq, ev.ID, ev.AggregateType, ev.AggregateID, ev.EventType, string(ev.Payload), headers,
-			ev.CreatedAt.UTC(), h.Attempts, h.Err, h.RetryUS, h.Dead)
+			ev.CreatedAt.UTC(), h.Attempts, h.Err, h.RetryUS, notBefore, h.Dead)
 	}
 	return b.String(), args, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
@@ -51,6 +52,11 @@ var (
 	ErrNotDrained = errors.New("logrelay: slot holds events no relay has confirmed")
 	// ErrWALLevel: the server does not run with wal_level = logical.
 	ErrWALLevel = errors.New("logrelay: the server's wal_level is not logical")
+	// ErrOutdatedTrigger: the trigger function predates scheduled events
+	// (core.Event.NotBefore), the relay's role could not update it, and
+	// with it a scheduled event would be published at once. The relay
+	// stops rather than publish early.
+	ErrOutdatedTrigger = errors.New("logrelay: log mode's trigger function predates scheduled events")
 	// ErrPooler: ConnString reaches PostgreSQL through a connection pooler
 	// (PgBouncer), which does not pass replication connections. Log
 	// mode's relay needs a DSN that reaches the server directly;
@@ -195,22 +201,8 @@ func Setup(ctx context.Context, connString string, n Names) error {
 		return fmt.Errorf("logrelay: setup: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
-	// The row is never stored: the message carries it, and the relay's own
-	// writes (the retry path, under relaySetting) pass through.
-	fn := `CREATE OR REPLACE FUNCTION ` + r.fn + `() RETURNS trigger LANGUAGE plpgsql AS $txoutbox$
-BEGIN
-	IF current_setting('` + relaySetting + `', true) = 'on' THEN
-		RETURN NEW;
-	END IF;
-	PERFORM pg_logical_emit_message(true, '` + r.prefix + `', json_build_object(
-		'id', NEW.id, 'event_id', NEW.event_id, 'aggregate_type', NEW.aggregate_type,
-		'aggregate_id', NEW.aggregate_id, 'event_type', NEW.event_type,
-		'headers', NEW.headers, 'created_at', NEW.created_at)::text || E'\n' || NEW.payload::text);
-	RETURN NULL;
-END
-$txoutbox$`
 	for _, stmt := range []string{
-		fn,
+		triggerFunction(r),
 		"DROP TRIGGER IF EXISTS " + r.trigger + " ON " + r.quotedTable,
 		"CREATE TRIGGER " + r.trigger + " BEFORE INSERT ON " + r.quotedTable + " FOR EACH ROW EXECUTE FUNCTION " + r.fn + "()",
 	} {
@@ -428,4 +420,47 @@ func readStatus(ctx context.Context, q querier, r resolved) (SlotStatus, error) 
 		st.ConfirmedAge = time.Duration(age * float64(time.Second))
 	}
 	return st, nil
+}
+
+// triggerFunction is the statement that creates (or updates) the trigger's
+// function. The row is never stored: the message carries it, and the
+// relay's own writes (the retry path, under relaySetting) pass through. The
+// message carries next_attempt_at, a scheduled event's NotBefore, so that
+// the stream hands such an event to the table instead of publishing it
+// early.
+func triggerFunction(r resolved) string {
+	return `CREATE OR REPLACE FUNCTION ` + r.fn + `() RETURNS trigger LANGUAGE plpgsql AS $txoutbox$
+BEGIN
+	IF current_setting('` + relaySetting + `', true) = 'on' THEN
+		RETURN NEW;
+	END IF;
+	PERFORM pg_logical_emit_message(true, '` + r.prefix + `', json_build_object(
+		'id', NEW.id, 'event_id', NEW.event_id, 'aggregate_type', NEW.aggregate_type,
+		'aggregate_id', NEW.aggregate_id, 'event_type', NEW.event_type,
+		'headers', NEW.headers, 'created_at', NEW.created_at,
+		'` + scheduleKey + `', NEW.next_attempt_at)::text || E'\n' || NEW.payload::text);
+	RETURN NULL;
+END
+$txoutbox$`
+}
+
+// scheduleKey is the message's key of next_attempt_at; a trigger function
+// without it predates scheduled events (see updateTrigger).
+const scheduleKey = "next_attempt_at"
+
+// updateTrigger brings a trigger function that Setup installed before
+// scheduled events existed up to date: with it, a scheduled event would be
+// published at once. A function that does not exist is left to the
+// stream's other checks.
+func updateTrigger(ctx context.Context, pool *pgxpool.Pool, r resolved) error {
+	var current bool
+	err := pool.QueryRow(ctx, "SELECT COALESCE((SELECT position($1 in prosrc) > 0 FROM pg_proc WHERE oid = to_regprocedure($2)), true)",
+		"'"+scheduleKey+"'", r.fn+"()").Scan(&current)
+	if err != nil || current {
+		return err
+	}
+	if _, err := pool.Exec(ctx, triggerFunction(r)); err != nil {
+		return fmt.Errorf("%w: %s could not be updated (run txoutbox log create, or logrelay.Setup, again as the table's owner): %w", ErrOutdatedTrigger, r.fn, err)
+	}
+	return nil
 }

@@ -25,7 +25,7 @@ import (
 func classify(err error) (logstream.Verdict, string) {
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.Is(err, ErrNoSlot), errors.Is(err, ErrSlotInvalidated), errors.Is(err, ErrPooler):
+	case errors.Is(err, ErrNoSlot), errors.Is(err, ErrSlotInvalidated), errors.Is(err, ErrPooler), errors.Is(err, ErrOutdatedTrigger):
 		return logstream.Fatal, ""
 	case errors.As(err, &pgErr) && pgErr.Code == "55006":
 		return logstream.Standby, pgErr.Message
@@ -47,6 +47,9 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 	}
 	if walStatus == "lost" {
 		return fmt.Errorf("%w: slot %s (wal_status lost): events written while it fell behind may be missing", ErrSlotInvalidated, r.names.slot)
+	}
+	if err := updateTrigger(ctx, r.pool, r.names); err != nil {
+		return err
 	}
 	// After a server crash the slot may be back at a position it kept on
 	// disk, older than the one the relays confirmed and recorded: start
@@ -255,6 +258,7 @@ type header struct {
 	EventType     string            `json:"event_type"`
 	Headers       map[string]string `json:"headers"`
 	CreatedAt     time.Time         `json:"created_at"`
+	NextAttempt   time.Time         `json:"next_attempt_at"`
 }
 
 func decodeEvent(b []byte) (core.Event, error) {
@@ -266,11 +270,16 @@ func decodeEvent(b []byte) (core.Event, error) {
 	if err := json.Unmarshal(line, &h); err != nil {
 		return core.Event{}, err
 	}
-	return core.Event{
+	ev := core.Event{
 		Seq: h.ID, ID: h.EventID, AggregateType: h.AggregateType, AggregateID: h.AggregateID,
 		EventType: h.EventType, Payload: bytes.Clone(payload), Headers: h.Headers,
 		CreatedAt: h.CreatedAt, NextAttemptAt: h.CreatedAt,
-	}, nil
+	}
+	if h.NextAttempt.After(h.CreatedAt) {
+		// Scheduled: the stream hands it to the table.
+		ev.NotBefore, ev.NextAttemptAt = h.NextAttempt, h.NextAttempt
+	}
+	return ev, nil
 }
 
 // recordEvery is how often a streaming relay records its confirmed

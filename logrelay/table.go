@@ -2,6 +2,7 @@ package logrelay
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,9 +24,11 @@ func newPGTable(pool *pgxpool.Pool, names resolved, ropts core.RelayOptions) *pg
 		pool: pool,
 		insert: `INSERT INTO ` + names.quotedTable + ` (id, event_id, aggregate_type, aggregate_id, event_type, payload, headers,
 			created_at, attempt_count, last_error, next_attempt_at, dead_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now() + $11 * interval '1 microsecond', CASE WHEN $12 THEN now() END)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, GREATEST(now() + $11 * interval '1 microsecond', $13), CASE WHEN $12 THEN now() END)
 			ON CONFLICT (id) DO NOTHING`,
-		heldQ: `SELECT DISTINCT aggregate_id FROM ` + names.quotedTable + ` WHERE published_at IS NULL AND aggregate_id <> ''`,
+		// A scheduled row holds nothing back.
+		heldQ: `SELECT DISTINCT aggregate_id FROM ` + names.quotedTable + ` WHERE published_at IS NULL AND aggregate_id <> ''` +
+			` AND NOT (attempt_count = 0 AND next_attempt_at > now())`,
 	}
 	if ropts.Ordered.DeadLetter == core.DeadLetterSkip {
 		t.heldQ += ` AND dead_at IS NULL`
@@ -50,8 +53,12 @@ func (t *pgTable) Write(ctx context.Context, rows []logstream.Row) error {
 			if f := r.Failure; f != nil {
 				attempts, lastErr, retryIn, dead = 1, &f.Err, f.RetryIn.Microseconds(), f.Dead
 			}
+			var notBefore *time.Time // GREATEST ignores NULL
+			if r.Failure == nil && !ev.NotBefore.IsZero() {
+				notBefore = &ev.NotBefore
+			}
 			b.Queue(t.insert, ev.Seq, ev.ID, ev.AggregateType, ev.AggregateID, ev.EventType, []byte(ev.Payload), headers,
-				ev.CreatedAt, attempts, lastErr, retryIn, dead)
+				ev.CreatedAt, attempts, lastErr, retryIn, dead, notBefore)
 		}
 		return tx.SendBatch(ctx, b).Close()
 	})

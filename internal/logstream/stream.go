@@ -35,7 +35,11 @@ type Item struct {
 // Row is one event bound for the table, with its bookkeeping.
 type Row struct {
 	Event   *core.Event
-	Failure *core.Failure // nil: held behind an earlier event of its aggregate
+	Failure *core.Failure // nil: held behind an earlier event of its aggregate, or scheduled
+	// Scheduled: the event's NotBefore is ahead; it holds nothing back.
+	// A table writes every row without a Failure due at the later of now
+	// and its NotBefore.
+	Scheduled bool
 }
 
 // Table is the outbox table as the stream writes to it.
@@ -80,6 +84,9 @@ const DefaultHoldOnBrokerDown = 5 * time.Second
 // Counters are a Stream's totals.
 type Counters struct {
 	Published, Failed, Held, Confirms, Streams int64
+	// Scheduled counts events handed to the table to wait for their
+	// NotBefore.
+	Scheduled int64
 }
 
 // Stream is the publishing half of log mode. Its methods are safe for
@@ -99,7 +106,7 @@ type Stream struct {
 	brokerDown  atomic.Bool
 	tableAtDown atomic.Int64 // the table relay's Published when the stream found the broker down
 	storeDown   atomic.Bool
-	c           struct{ published, failed, held, confirms, streams atomic.Int64 }
+	c           struct{ published, failed, held, confirms, streams, scheduled atomic.Int64 }
 }
 
 // New returns a Stream.
@@ -160,7 +167,7 @@ func (s *Stream) Confirmation() { s.c.confirms.Add(1) }
 func (s *Stream) Counters() Counters {
 	return Counters{
 		Published: s.c.published.Load(), Failed: s.c.failed.Load(), Held: s.c.held.Load(),
-		Confirms: s.c.confirms.Load(), Streams: s.c.streams.Load(),
+		Confirms: s.c.confirms.Load(), Streams: s.c.streams.Load(), Scheduled: s.c.scheduled.Load(),
 	}
 }
 
@@ -242,8 +249,13 @@ func (s *Stream) Publish(ctx context.Context, in <-chan Item) error {
 			}
 		}
 		var direct []core.Event
+		var scheduled []Row
 		for _, it := range batch {
 			for _, ev := range it.Events {
+				if !ev.NotBefore.IsZero() {
+					scheduled = append(scheduled, Row{Event: &ev, Scheduled: true})
+					continue
+				}
 				if s.order && ev.AggregateID != "" && (held[ev.AggregateID] || waits[ev.AggregateID] != nil) {
 					w := waits[ev.AggregateID]
 					if w == nil {
@@ -257,6 +269,13 @@ func (s *Stream) Publish(ctx context.Context, in <-chan Item) error {
 				direct = append(direct, ev)
 			}
 			prevEnd = it.End
+		}
+		if len(scheduled) > 0 {
+			// Not due yet: the table's relay publishes them at their time.
+			if err := s.toTable(ctx, scheduled, held); err != nil {
+				return err
+			}
+			s.inflight.Add(-int64(len(scheduled)))
 		}
 		if len(direct) > 0 {
 			if err := s.handle(ctx, direct, held); err != nil {
@@ -529,8 +548,12 @@ func (s *Stream) toTable(ctx context.Context, rows []Row, held map[string]bool) 
 		return fmt.Errorf("txoutbox: log: hand %d events to the table's retry path: %w", len(rows), err)
 	}
 	s.opts.Relay.Notify()
-	var nheld, nfailed, dead int
+	var nheld, nfailed, nsched, dead int
 	for _, r := range rows {
+		if r.Scheduled {
+			nsched++
+			continue
+		}
 		if r.Failure == nil {
 			nheld++
 		} else {
@@ -544,6 +567,7 @@ func (s *Stream) toTable(ctx context.Context, rows []Row, held map[string]bool) 
 		}
 	}
 	s.c.held.Add(int64(nheld))
+	s.c.scheduled.Add(int64(nsched))
 	s.c.failed.Add(int64(nfailed))
 	if dead > 0 {
 		s.log.Error("txoutbox: log: events dead-lettered (kept in the table; re-queue with txoutbox dead retry)", "dead_lettered", dead)
