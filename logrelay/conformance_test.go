@@ -28,3 +28,10 @@ func TestExactlyOnceRabbitMQ(t *testing.T) {
 	outboxtest.RunExactlyOnce(t, newStore, rabbit,
 		func(t *testing.T) *outboxtest.InboxFixture { return fixtures.PGXInbox(t) })
 }
+
+// TestScheduled: log mode hands a scheduled event to the table, whose
+// relay publishes it at its time, once, across a relay restart.
+func TestScheduled(t *testing.T) {
+	t.Parallel()
+	outboxtest.RunScheduled(t, newStore)
+}

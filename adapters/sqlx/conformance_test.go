@@ -19,6 +19,7 @@ func TestConformance(t *testing.T) {
 			}
 			t.Run("Store", func(t *testing.T) { t.Parallel(); outboxtest.RunStore(t, newStore) })
 			t.Run("OrderedStore", func(t *testing.T) { t.Parallel(); outboxtest.RunOrderedStore(t, newStore) })
+			t.Run("Scheduled", func(t *testing.T) { t.Parallel(); outboxtest.RunScheduled(t, newStore) })
 		})
 	}
 }

@@ -1,0 +1,136 @@
+package outboxtest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/core"
+)
+
+// RunScheduled proves scheduled events (core.Event.NotBefore) through the
+// fixture's relay: core.Relay on Store, or the relay of another mode
+// (StoreFixture.NewRelay, such as log mode, which hands scheduled events
+// to the table). An event is published once and never before its time,
+// though the relay that saw it written stops before its time and another
+// takes over; an event scheduled for tomorrow is not published, and a
+// rolled-back one never. The relays poll once a minute, so the event is
+// on time only if the store tells the relay when it falls due
+// (StoreCapabilities.NextDue).
+func RunScheduled(t *testing.T, newStore NewStoreFunc) {
+	t.Run("NeverEarlyAcrossRestarts", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		evs := suiteEvents(t, uniqueType("scheduled"), 3, 3)
+		now, soon, tomorrow := evs[0], evs[1], evs[2]
+		const delay = 3 * time.Second
+		soon.NotBefore = time.Now().Add(delay)
+		tomorrow.NotBefore = time.Now().Add(24 * time.Hour)
+		rolledBack := suiteEvents(t, uniqueType("scheduled"), 1, 1)
+		rolledBack[0].NotBefore = time.Now().Add(delay / 2)
+
+		rec := &publishTimes{at: map[string][]time.Time{}}
+		opts := core.RelayOptions{PollInterval: time.Minute}
+		ctx := t.Context()
+
+		stop := runUntilStopped(t, f, rec, opts)
+		mustEnqueue(t, f, rolledBack, false)
+		mustEnqueue(t, f, []core.Event{now, soon, tomorrow}, true)
+		if !rec.waitFor(ctx, now.ID, 20*time.Second) {
+			t.Fatalf("the unscheduled event was not published within 20s")
+		}
+		stop()
+		if n := len(rec.times(soon.ID)); n != 0 {
+			t.Fatalf("the event scheduled %v ahead was published %d times at once", delay, n)
+		}
+
+		stop = runUntilStopped(t, f, rec, opts)
+		defer stop()
+		if !rec.waitFor(ctx, soon.ID, delay+20*time.Second) {
+			t.Fatalf("the event scheduled %v ahead was not published within %v by a relay that polls once a minute", delay, delay+20*time.Second)
+		}
+		stop()
+		at := rec.times(soon.ID)
+		if len(at) != 1 || at[0].Before(soon.NotBefore) {
+			t.Errorf("scheduled event published at %v, want once, not before %v", at, soon.NotBefore)
+		} else {
+			t.Logf("scheduled event published %v after its time", at[0].Sub(soon.NotBefore))
+		}
+		if n := len(rec.times(now.ID)); n != 1 {
+			t.Errorf("unscheduled event published %d times, want 1", n)
+		}
+		if n := len(rec.times(tomorrow.ID)); n != 0 {
+			t.Errorf("the event scheduled for tomorrow was published %d times", n)
+		}
+		if n := len(rec.times(rolledBack[0].ID)); n != 0 {
+			t.Errorf("a rolled-back scheduled event was published %d times", n)
+		}
+	})
+}
+
+// runUntilStopped runs the fixture's relay until the returned function is
+// called (or the test ends), which waits for it to stop.
+func runUntilStopped(t *testing.T, f *StoreFixture, pub core.Publisher, opts core.RelayOptions) (stop func()) {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = testLogger(t)
+	}
+	var r Relay
+	if f.NewRelay == nil {
+		r = mustRelay(t, f, pub, opts)
+	} else {
+		var err error
+		if r, err = f.NewRelay(pub, opts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// publishTimes is a publisher that records when each event was published.
+type publishTimes struct {
+	mu sync.Mutex
+	at map[string][]time.Time
+}
+
+func (p *publishTimes) Publish(_ context.Context, batch []core.Event) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	for _, ev := range batch {
+		p.at[ev.ID] = append(p.at[ev.ID], now)
+	}
+	return nil
+}
+
+func (p *publishTimes) Capabilities() core.PublisherCapabilities { return core.PublisherCapabilities{} }
+
+func (p *publishTimes) times(id string) []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]time.Time(nil), p.at[id]...)
+}
+
+// waitFor waits until id was published, for at most d.
+func (p *publishTimes) waitFor(ctx context.Context, id string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if len(p.times(id)) > 0 {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return len(p.times(id)) > 0
+}
