@@ -667,3 +667,81 @@ func TestSetupWithoutSuperuser(t *testing.T) {
 		t.Errorf("status as the non-superuser: %v", err)
 	}
 }
+
+// A trigger function installed before scheduled events (its message
+// without next_attempt_at) is brought up to date when a relay starts, so
+// that a scheduled event is not published at once.
+func TestOutdatedTriggerIsUpdated(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewLog(t, fixtures.Options{Logger: quiet, SkipInbox: true})
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, l.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var fn, def string
+	if err := conn.QueryRow(ctx, "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"+
+		" WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2", l.Names.Table, logrelay.TriggerName).Scan(&fn, &def); err != nil {
+		t.Fatal(err)
+	}
+	old := strings.Replace(def, ",\n\t\t'next_attempt_at', NEW.next_attempt_at)", ")", 1)
+	if old == def {
+		t.Fatalf("the trigger function does not carry next_attempt_at as expected:\n%s", def)
+	}
+	if _, err := conn.Exec(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	now, err := core.NewEvent("order", "1", "order.created", map[string]int{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later, err := core.NewEvent("order", "2", "order.reminder", map[string]int{"n": 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later.NotBefore = time.Now().Add(2 * time.Second)
+	rec := outboxtest.NewRecorder()
+	r, err := l.Relay(rec, core.RelayOptions{Logger: quiet, PollInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	// The relay updates the function as its stream starts.
+	deadline := time.Now().Add(20 * time.Second)
+	var src string
+	for time.Now().Before(deadline) {
+		if err := conn.QueryRow(ctx, "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)", fn).Scan(&src); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(src, "next_attempt_at") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(src, "next_attempt_at") {
+		t.Fatalf("the relay left the outdated trigger function as it was:\n%s", src)
+	}
+	if err := l.StoreFixture().Enqueue(ctx, []core.Event{now, later}, true); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := rec.WaitDistinct(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := rec.Count(now.ID); n != 1 {
+		t.Fatalf("the unscheduled event was published %d times", n)
+	}
+	if n := rec.Count(later.ID); n != 0 {
+		t.Errorf("the event scheduled 2s ahead was published at once (%d times)", n)
+	}
+}
