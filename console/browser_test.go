@@ -65,9 +65,13 @@ func newOutbox(t *testing.T) *outbox {
 		SELECT gen_random_uuid(), 'order', 'o-' || g, (ARRAY['order.created','order.paid','order.shipped'])[1 + g % 3],
 		       jsonb_build_object('order_id', 'o-' || g, 'total_cents', g * 7), now() - (g || ' seconds')::interval, 1
 		FROM generate_series(1, 300) g`)
-	o.exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, created_at)
-		SELECT gen_random_uuid(), 'order', 'p-' || g, 'order.created', '{"pending": true}', now() - interval '5 minutes'
+	o.exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, created_at, next_attempt_at)
+		SELECT gen_random_uuid(), 'order', 'p-' || g, 'order.created', '{"pending": true}', now() - interval '5 minutes', now() - interval '5 minutes'
 		FROM generate_series(1, 7) g`)
+	// Reminders scheduled for tomorrow: counted apart, not lag.
+	o.exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, next_attempt_at)
+		SELECT gen_random_uuid(), 'order', 's-' || g, 'order.reminder', '{"scheduled": true}', now() + interval '1 day'
+		FROM generate_series(1, 4) g`)
 	o.exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, attempt_count, last_error, dead_at)
 		SELECT gen_random_uuid(), 'order', 'd-' || g, '`+groupA+`', '{"dead": true}', 5, 'broker refused event ' || gen_random_uuid() || ': 403', now() - (g || ' minutes')::interval
 		FROM generate_series(1, 12) g`)
@@ -202,11 +206,14 @@ func TestConsoleInChromium(t *testing.T) {
 
 	// Overview.
 	b.run(t, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#pending")))
-	if got, want := text(t, b, "#pending"), strconv.Itoa(o.count(t, "published_at IS NULL AND dead_at IS NULL")); got != want {
+	if got, want := text(t, b, "#pending"), strconv.Itoa(o.count(t, "published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()")); got != want {
 		t.Errorf("overview pending = %s, the database has %s", got, want)
 	}
 	if got, want := text(t, b, "#dead"), strconv.Itoa(o.count(t, "dead_at IS NOT NULL")); got != want {
 		t.Errorf("overview dead = %s, the database has %s", got, want)
+	}
+	if got, want := text(t, b, "#scheduled"), strconv.Itoa(o.count(t, "attempt_count = 0 AND next_attempt_at > now()")); got != want || got == "0" {
+		t.Errorf("overview scheduled = %s, the database has %s", got, want)
 	}
 	if got := text(t, b, "#lag-state"); !strings.HasPrefix(got, "lagging") {
 		t.Errorf("the oldest pending event waited 5 minutes against a 1m threshold; the page says %q", got)

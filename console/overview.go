@@ -63,6 +63,7 @@ func (c *Console) sample(ctx context.Context) (core.Stats, error) {
 type typeRow struct {
 	Type             string
 	Pending, Dead    int64
+	Scheduled        int64
 	OldestPendingAge time.Duration
 }
 
@@ -100,7 +101,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	d := overviewData{Stats: s, Rows: rows, RowsEstimated: est, LagThreshold: c.opts.LagThreshold,
 		Lagging: s.Pending > 0 && s.OldestPendingAge > c.opts.LagThreshold, SampleInterval: c.opts.SampleInterval}
-	d.PublishedEstimate = max(rows-s.Pending-s.Dead, 0)
+	d.PublishedEstimate = max(rows-s.Pending-s.Dead-s.Scheduled, 0)
 	d.Relays = -1
 	if c.opts.Leases != nil {
 		ls, err := c.opts.Leases.Leases(r.Context())
@@ -111,7 +112,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		d.Relays = len(liveOwners(ls))
 	}
 	for name, ts := range s.ByType {
-		d.Types = append(d.Types, typeRow{Type: name, Pending: ts.Pending, Dead: ts.Dead, OldestPendingAge: ts.OldestPendingAge})
+		d.Types = append(d.Types, typeRow{Type: name, Pending: ts.Pending, Dead: ts.Dead, Scheduled: ts.Scheduled, OldestPendingAge: ts.OldestPendingAge})
 	}
 	slices.SortFunc(d.Types, func(a, b typeRow) int { return strings.Compare(a.Type, b.Type) })
 	c.mu.Lock()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 )
 
@@ -177,14 +179,11 @@ func (b *batchReport) merge(o batchReport) {
 func (r *Relay) logBatch(res BatchResult, b batchReport) {
 	switch {
 	case res.Published > 0:
-		if r.brokerDown.CompareAndSwap(true, false) {
-			r.log.Info("txoutbox: the broker takes events again")
-		}
+		r.brokerDown.Store(false)
+		r.brokerLog.up(r.log)
 	case b.failed > b.permanent:
-		if r.brokerDown.CompareAndSwap(false, true) {
-			r.log.Warn("txoutbox: the broker took no event of the batch; retrying with backoff (logged once until it takes events again)",
-				"events", res.Claimed, "first_error", b.firstErr)
-		}
+		r.brokerDown.Store(true)
+		r.brokerLog.down(r.log, res.Claimed, b.firstErr)
 	}
 	if b.first == nil {
 		return
@@ -258,7 +257,75 @@ func (r *Relay) Drain(ctx context.Context) (BatchResult, error) {
 		total.Failed += res.Failed
 		total.DeadLettered += res.DeadLettered
 		if err != nil || res.Claimed == 0 {
+			r.brokerLog.flush(r.log)
 			return total, err
 		}
+	}
+}
+
+// brokerSettle is how long the broker must take events without a failure
+// before the relay announces it back. A flapping broker (Kafka's circuit
+// breaker half-open after connection resets lets a batch through, then
+// opens again) is then one outage in the log, not a pair of lines a
+// second.
+const brokerSettle = 2 * time.Second
+
+// brokerLog announces the broker's outages: one line when it starts, one
+// when the broker has taken events for brokerSettle since the last
+// failure (or when the relay stops after a success).
+type brokerLog struct {
+	mu        sync.Mutex
+	announced bool        // a down line without its back line
+	settle    *time.Timer // pending back line, since the first success after the latest failure
+}
+
+func (l *brokerLog) down(log *slog.Logger, claimed int, firstErr string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.settle != nil {
+		l.settle.Stop()
+		l.settle = nil
+	}
+	if !l.announced {
+		l.announced = true
+		log.Warn("txoutbox: the broker took no event of the batch; retrying with backoff (logged once until it takes events again)",
+			"events", claimed, "first_error", firstErr)
+	}
+}
+
+func (l *brokerLog) up(log *slog.Logger) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.announced || l.settle != nil {
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(brokerSettle, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.settle == t {
+			l.back(log)
+		}
+	})
+	l.settle = t
+}
+
+// flush announces the broker back at once if it took events since its
+// latest failure: the relay stops, or a Drain ends.
+func (l *brokerLog) flush(log *slog.Logger) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.settle != nil {
+		l.settle.Stop()
+		l.back(log)
+	}
+}
+
+// back writes the back line; l.mu is held.
+func (l *brokerLog) back(log *slog.Logger) {
+	l.settle = nil
+	if l.announced {
+		l.announced = false
+		log.Info("txoutbox: the broker takes events again")
 	}
 }

@@ -50,6 +50,7 @@ type Relay struct {
 	// brokerDown and storeDown turn a dependency's outage into two log
 	// lines (down, back) instead of one per batch or per event.
 	brokerDown, storeDown atomic.Bool
+	brokerLog             brokerLog
 }
 
 // NewRelay returns a relay from store to pub. It reads both capabilities:
@@ -176,6 +177,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			leaserDone <- err
 		}()
 	}
+	defer r.brokerLog.flush(r.log)
 	var wg sync.WaitGroup
 	for i := range r.opts.Concurrency {
 		wg.Add(1)

@@ -221,3 +221,46 @@ func TestRelayOptionsBounds(t *testing.T) {
 		t.Errorf("BatchSize at the limit: %v", err)
 	}
 }
+
+// A flapping broker (down, one batch through, down again, within a second
+// or two) is one outage in the log: the back line waits until the broker
+// has taken events for a while, and comes at once when a Drain ends.
+func TestFlappingBrokerLoggedAsOneOutage(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	s := newMemStore()
+	s.add(testEvents(60, "t")...)
+	var mu sync.Mutex
+	down := true
+	pub := &recordingPub{fail: func(core.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if down {
+			return errors.New("circuit breaker is open")
+		}
+		return nil
+	}}
+	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: log, BatchSize: 10, Retry: core.RetryPolicy{InitialBackoff: time.Nanosecond, Jitter: -1}})
+	set := func(v bool) {
+		mu.Lock()
+		down = v
+		mu.Unlock()
+	}
+	for _, state := range []bool{true, false, true, false, true, false} {
+		set(state)
+		time.Sleep(2 * time.Millisecond)
+		if _, err := r.ProcessBatch(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(logs.String(), "the broker took no event"); n != 1 {
+		t.Errorf("%d 'broker down' lines for a broker that flapped three times, want 1:\n%s", n, logs.String())
+	}
+	if _, err := r.Drain(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), `msg="txoutbox: the broker takes events again"`); n != 1 {
+		t.Errorf("%d 'broker back' lines after the drain, want 1:\n%s", n, logs.String())
+	}
+}

@@ -80,6 +80,8 @@ type Metrics struct {
 	pending          prometheus.Gauge
 	oldestPendingAge prometheus.Gauge
 	deadEvents       prometheus.Gauge
+	scheduled        prometheus.Gauge
+	scheduledByType  *prometheus.GaugeVec
 	pendingByType    *prometheus.GaugeVec
 	oldestByType     *prometheus.GaugeVec
 	deadByType       *prometheus.GaugeVec
@@ -152,9 +154,11 @@ func New(opts Options) (*Metrics, error) {
 		claimDuration:   duration("claim_duration_seconds", "Duration of one Store.Claim, by result."),
 		markDuration:    duration("mark_duration_seconds", "Duration of recording a batch's outcome (Claim.Commit), by result."),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "event_lag_seconds",
-			Help:    "End-to-end lag of published events: time marked published minus CreatedAt.",
+			Help:    "End-to-end lag of published events: time marked published minus CreatedAt (a scheduled event's NotBefore).",
 			Buckets: opts.LagBuckets, ConstLabels: cl}),
-		pending:          gauge("pending_events", "Unpublished, not dead events, at the last stats check."),
+		pending:          gauge("pending_events", "Unpublished, not dead events that are due or in backoff, at the last stats check; scheduled events waiting for their time are not counted."),
+		scheduled:        gauge("scheduled_events", "Events scheduled for later (core.Event.NotBefore ahead), at the last stats check; not lag."),
+		scheduledByType:  gaugeVec("scheduled_events_by_type", "Events scheduled for later by event type, when the store reports them."),
 		oldestPendingAge: gauge("oldest_pending_age_seconds", "Age of the oldest pending event at the last stats check; 0 when none is pending."),
 		deadEvents:       gauge("dead_events", "Dead-lettered events, at the last stats check."),
 		pendingByType:    gaugeVec("pending_events_by_type", "Pending events by event type, when the store reports them."),
@@ -173,7 +177,7 @@ func New(opts Options) (*Metrics, error) {
 		m.published, m.failed, m.dead, m.batches, m.claimed, m.released,
 		m.publishDuration, m.claimDuration, m.markDuration, m.lag,
 		m.pending, m.oldestPendingAge, m.deadEvents, m.pendingByType, m.oldestByType, m.deadByType,
-		m.threshold, m.lagging, m.statsTime, m.statsFailures, m.inboxDuplicates,
+		m.scheduled, m.scheduledByType, m.threshold, m.lagging, m.statsTime, m.statsFailures, m.inboxDuplicates,
 	}
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(m); err != nil {
@@ -230,6 +234,7 @@ func (m *Metrics) ObserveStats(_ context.Context, s core.Stats) {
 	m.pending.Set(float64(s.Pending))
 	m.oldestPendingAge.Set(s.OldestPendingAge.Seconds())
 	m.deadEvents.Set(float64(s.Dead))
+	m.scheduled.Set(float64(s.Scheduled))
 	if s.Pending > 0 && s.OldestPendingAge > m.lagThreshold {
 		m.lagging.Set(1)
 	} else {
@@ -247,6 +252,7 @@ func (m *Metrics) ObserveStats(_ context.Context, s core.Stats) {
 			m.pendingByType.WithLabelValues(t).Set(0)
 			m.oldestByType.WithLabelValues(t).Set(0)
 			m.deadByType.WithLabelValues(t).Set(0)
+			m.scheduledByType.WithLabelValues(t).Set(0)
 		}
 	}
 	for t, ts := range s.ByType {
@@ -254,6 +260,7 @@ func (m *Metrics) ObserveStats(_ context.Context, s core.Stats) {
 		m.pendingByType.WithLabelValues(t).Set(float64(ts.Pending))
 		m.oldestByType.WithLabelValues(t).Set(ts.OldestPendingAge.Seconds())
 		m.deadByType.WithLabelValues(t).Set(float64(ts.Dead))
+		m.scheduledByType.WithLabelValues(t).Set(float64(ts.Scheduled))
 	}
 }
 
@@ -368,7 +375,12 @@ func (c *claim) Commit(ctx context.Context, out core.Outcome) error {
 		if !ev.CreatedAt.IsZero() {
 			// CreatedAt is the database's clock; a skewed relay clock must
 			// not produce negative observations.
-			c.m.lag.Observe(max(now.Sub(ev.CreatedAt), 0).Seconds())
+			// A scheduled event's lag runs from its time, not its writing.
+			due := ev.CreatedAt
+			if ev.AttemptCount == 0 && ev.NextAttemptAt.After(due) {
+				due = ev.NextAttemptAt
+			}
+			c.m.lag.Observe(max(now.Sub(due), 0).Seconds())
 		}
 	}
 	for _, f := range out.Failed {

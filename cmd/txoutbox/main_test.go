@@ -352,30 +352,34 @@ func TestStats(t *testing.T) {
 	f.enqueue(t, "order.created", "1", 3)
 	f.enqueue(t, "order.paid", "1", 2)
 	// The order.created events have waited ten minutes.
-	f.exec(t, "UPDATE outbox_events SET created_at = now() - interval '10 minutes' WHERE event_type = 'order.created'")
+	f.exec(t, "UPDATE outbox_events SET created_at = now() - interval '10 minutes', next_attempt_at = now() - interval '10 minutes' WHERE event_type = 'order.created'")
 	f.exec(t, "UPDATE outbox_events SET dead_at = now(), last_error = 'x' WHERE id = (SELECT max(id) FROM outbox_events)")
+	// A reminder scheduled for tomorrow is counted apart: it is not lag.
+	f.enqueue(t, "order.reminder", "1", 1)
+	f.exec(t, "UPDATE outbox_events SET next_attempt_at = now() + interval '1 day' WHERE event_type = 'order.reminder'")
 
 	r := ok(t, f.dsn, "stats")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if len(lines) != 4 {
+	if len(lines) != 5 {
 		t.Fatalf("stats table:\n%s", r.stdout)
 	}
 	for i, want := range [][]string{
-		{"EVENT", "TYPE", "PENDING", "OLDEST", "PENDING", "DEAD"},
-		{"order.created", "3", "10m0s", "0"},
-		{"order.paid", "1", "", "1"},
-		{"TOTAL", "4", "10m0s", "1"},
+		{"EVENT", "TYPE", "PENDING", "OLDEST", "PENDING", "DEAD", "SCHEDULED"},
+		{"order.created", "3", "10m0s", "0", "0"},
+		{"order.paid", "1", "", "1", "0"},
+		{"order.reminder", "0", "-", "0", "1"},
+		{"TOTAL", "4", "10m0s", "1", "1"},
 	} {
 		got := strings.Fields(lines[i])
 		switch i {
-		case 1, 3:
+		case 1, 4:
 			// Ten minutes, and the seconds the CLI took to start and
 			// read them: more than one under load.
 			if d, err := time.ParseDuration(got[2]); err == nil && d >= 10*time.Minute && d < 11*time.Minute {
 				got[2] = "10m0s"
 			}
 		case 2:
-			got = append(got[:2], "", got[3]) // the age of a fresh event varies
+			got = append(got[:2], "", got[3], got[4]) // the age of a fresh event varies
 		}
 		if strings.Join(got, " ") != strings.Join(want, " ") {
 			t.Errorf("line %d: %q, want %q", i, lines[i], strings.Join(want, " "))
@@ -388,7 +392,8 @@ func TestStats(t *testing.T) {
 		t.Fatalf("%v\n%s", err, r.stdout)
 	}
 	if s.Pending != 4 || s.Dead != 1 || s.OldestPendingAgeSeconds < 599 || s.OldestPending == nil ||
-		s.ByType["order.created"].Pending != 3 || s.ByType["order.paid"].Dead != 1 {
+		s.ByType["order.created"].Pending != 3 || s.ByType["order.paid"].Dead != 1 ||
+		s.Scheduled != 1 || s.ByType["order.reminder"].Scheduled != 1 {
 		t.Fatalf("stats json: %+v", s)
 	}
 

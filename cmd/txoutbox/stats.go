@@ -21,11 +21,13 @@ import (
 // statsJSON is the output of stats --format json. Durations are seconds, so
 // that jq and alerting scripts compare numbers.
 type statsJSON struct {
-	Pending                 int64                    `json:"pending"`
-	OldestPending           *time.Time               `json:"oldest_pending,omitempty"`
-	OldestPendingAgeSeconds float64                  `json:"oldest_pending_age_seconds"`
-	Dead                    int64                    `json:"dead"`
-	ByType                  map[string]typeStatsJSON `json:"by_type"`
+	Pending                 int64      `json:"pending"`
+	OldestPending           *time.Time `json:"oldest_pending,omitempty"`
+	OldestPendingAgeSeconds float64    `json:"oldest_pending_age_seconds"`
+	Dead                    int64      `json:"dead"`
+	// Scheduled counts events whose NotBefore is ahead: not lag.
+	Scheduled int64                    `json:"scheduled"`
+	ByType    map[string]typeStatsJSON `json:"by_type"`
 	// LogMode is set when the table is in log mode: its pending events
 	// are also in the slot, unconfirmed.
 	LogMode *logStatsJSON `json:"log_mode,omitempty"`
@@ -46,6 +48,7 @@ type typeStatsJSON struct {
 	Pending                 int64   `json:"pending"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	Dead                    int64   `json:"dead"`
+	Scheduled               int64   `json:"scheduled"`
 }
 
 func (a *app) statsCommand() *cobra.Command {
@@ -157,7 +160,7 @@ func slotJSON(st logrelay.SlotStatus) logStatsJSON {
 
 func writeStatsJSON(w io.Writer, s core.Stats, lm *logStatsJSON) error {
 	out := statsJSON{
-		Pending: s.Pending, OldestPendingAgeSeconds: s.OldestPendingAge.Seconds(), Dead: s.Dead,
+		Pending: s.Pending, OldestPendingAgeSeconds: s.OldestPendingAge.Seconds(), Dead: s.Dead, Scheduled: s.Scheduled,
 		ByType: make(map[string]typeStatsJSON, len(s.ByType)), LogMode: lm,
 	}
 	if !s.OldestPending.IsZero() {
@@ -165,7 +168,7 @@ func writeStatsJSON(w io.Writer, s core.Stats, lm *logStatsJSON) error {
 		out.OldestPending = &t
 	}
 	for name, ts := range s.ByType {
-		out.ByType[name] = typeStatsJSON{Pending: ts.Pending, OldestPendingAgeSeconds: ts.OldestPendingAge.Seconds(), Dead: ts.Dead}
+		out.ByType[name] = typeStatsJSON{Pending: ts.Pending, OldestPendingAgeSeconds: ts.OldestPendingAge.Seconds(), Dead: ts.Dead, Scheduled: ts.Scheduled}
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -174,7 +177,7 @@ func writeStatsJSON(w io.Writer, s core.Stats, lm *logStatsJSON) error {
 
 func writeStatsTable(w io.Writer, s core.Stats, lm *logStatsJSON) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT TYPE\tPENDING\tOLDEST PENDING\tDEAD")
+	fmt.Fprintln(tw, "EVENT TYPE\tPENDING\tOLDEST PENDING\tDEAD\tSCHEDULED")
 	names := make([]string, 0, len(s.ByType))
 	for name := range s.ByType {
 		names = append(names, name)
@@ -182,9 +185,9 @@ func writeStatsTable(w io.Writer, s core.Stats, lm *logStatsJSON) error {
 	slices.Sort(names)
 	for _, name := range names {
 		ts := s.ByType[name]
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", name, ts.Pending, age(ts.Pending, ts.OldestPendingAge), ts.Dead)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\n", name, ts.Pending, age(ts.Pending, ts.OldestPendingAge), ts.Dead, ts.Scheduled)
 	}
-	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t%d\n", s.Pending, age(s.Pending, s.OldestPendingAge), s.Dead)
+	fmt.Fprintf(tw, "TOTAL\t%d\t%s\t%d\t%d\n", s.Pending, age(s.Pending, s.OldestPendingAge), s.Dead, s.Scheduled)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
