@@ -222,8 +222,8 @@ func TestConsoleInChromium(t *testing.T) {
 		t.Errorf("published shows %q: want an estimate, marked ~", got)
 	}
 	typeRows := get(t, b, chromedp.Evaluate[int](`document.querySelectorAll("#types tbody tr").length`))
-	if typeRows != 3 {
-		t.Errorf("overview lists %d event types, want 3 (created pending; paid and shipped dead)", typeRows)
+	if typeRows != 4 {
+		t.Errorf("overview lists %d event types, want 4 (created pending; paid and shipped dead; reminder scheduled)", typeRows)
 	}
 	b.screenshot(t, "overview")
 

@@ -295,9 +295,9 @@ func TestGaugesAndLaggingFromMonitor(t *testing.T) {
 	}
 	var mu sync.Mutex
 	stats := core.Stats{
-		Pending: 7, OldestPendingAge: 45 * time.Second, Dead: 2,
+		Pending: 7, OldestPendingAge: 45 * time.Second, Dead: 2, Scheduled: 3,
 		ByType: map[string]core.TypeStats{
-			"order.created": {Pending: 5, OldestPendingAge: 45 * time.Second},
+			"order.created": {Pending: 5, OldestPendingAge: 45 * time.Second, Scheduled: 3},
 			"order.paid":    {Pending: 2, OldestPendingAge: time.Second, Dead: 2},
 		},
 	}
@@ -324,7 +324,7 @@ txoutbox_lag_threshold_seconds 30
 # HELP txoutbox_lagging 1 when the oldest pending event is older than lag_threshold_seconds at the last stats check, else 0.
 # TYPE txoutbox_lagging gauge
 txoutbox_lagging 1
-# HELP txoutbox_pending_events Unpublished, not dead events, at the last stats check.
+# HELP txoutbox_pending_events Unpublished, not dead events that are due or in backoff, at the last stats check; scheduled events waiting for their time are not counted.
 # TYPE txoutbox_pending_events gauge
 txoutbox_pending_events 7
 # HELP txoutbox_oldest_pending_age_seconds Age of the oldest pending event at the last stats check; 0 when none is pending.
@@ -341,9 +341,17 @@ txoutbox_pending_events_by_type{event_type="order.paid"} 2
 # TYPE txoutbox_dead_events_by_type gauge
 txoutbox_dead_events_by_type{event_type="order.created"} 0
 txoutbox_dead_events_by_type{event_type="order.paid"} 2
+# HELP txoutbox_scheduled_events Events scheduled for later (core.Event.NotBefore ahead), at the last stats check; not lag.
+# TYPE txoutbox_scheduled_events gauge
+txoutbox_scheduled_events 3
+# HELP txoutbox_scheduled_events_by_type Events scheduled for later by event type, when the store reports them.
+# TYPE txoutbox_scheduled_events_by_type gauge
+txoutbox_scheduled_events_by_type{event_type="order.created"} 3
+txoutbox_scheduled_events_by_type{event_type="order.paid"} 0
 `
 	names := []string{"txoutbox_lag_threshold_seconds", "txoutbox_lagging", "txoutbox_pending_events",
-		"txoutbox_oldest_pending_age_seconds", "txoutbox_dead_events", "txoutbox_pending_events_by_type", "txoutbox_dead_events_by_type"}
+		"txoutbox_oldest_pending_age_seconds", "txoutbox_dead_events", "txoutbox_pending_events_by_type", "txoutbox_dead_events_by_type",
+		"txoutbox_scheduled_events", "txoutbox_scheduled_events_by_type"}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}
