@@ -70,7 +70,7 @@ var snippetRE = regexp.MustCompile("(?s)<!-- snippet: ([a-z-]+) -->\n```go\n(.*?
 func TestREADMEShowsThisCode(t *testing.T) {
 	t.Parallel()
 	code := snippets(t, "main.go")
-	for _, file := range []string{"conformance_test.go", "../pgx-orders/main.go", "../../logrelay/example_test.go", "../../binlogrelay/example_test.go", "../../console/example_test.go", "../../brokers/nats/example_test.go"} {
+	for _, file := range []string{"conformance_test.go", "../pgx-orders/main.go", "../../logrelay/example_test.go", "../../binlogrelay/example_test.go", "../../console/example_test.go", "../../brokers/nats/example_test.go", "../../adapters/memory/example_test.go"} {
 		for name, text := range snippets(t, file) {
 			code[name] = text
 		}
