@@ -164,7 +164,7 @@ func (a *app) serveHTTP(addr string, reg *prometheus.Registry, db *database, h *
 	var dbDown atomic.Bool
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		status := h.get()
-		if status == "ok" {
+		if status == "ok" && db != nil {
 			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 			err := db.db.PingContext(ctx)
 			cancel()

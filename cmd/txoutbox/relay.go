@@ -51,6 +51,7 @@ type relayFlags struct {
 	stream          string
 	wake            string
 	console         consoleFlags
+	config          string
 }
 
 func (a *app) relayCommand() *cobra.Command {
@@ -89,6 +90,15 @@ position stored in txoutbox_log_positions) once the broker took the events
 before it. Failed events go to the table, where the same process retries them
 as table mode does (--max-attempts, backoff, dead letters). Run several: one
 streams, the others stand by and take over within a second or two of its loss.
+
+Many outboxes (--config FILE): one process relays every outbox the YAML file
+lists, each with its name, dsn (or dsn_env, an environment variable that
+holds it), table, broker (or broker_env) and, optionally, batch_size,
+concurrency, poll_interval, ordering and max_attempts; unset fields take this
+command's flags. One outbox's database or broker being down holds up no
+other, and SIGHUP reloads the file (new outboxes start, removed ones stop,
+changed ones restart; a broken file is refused and logged). Outboxes on one
+DSN share its connection pool. Table mode only; see the README.
 
 A relay started while the database or the broker is down waits for them,
 retrying with backoff (one log line when a dependency is down, one when it
@@ -154,6 +164,7 @@ serves:
 	fl.StringVar(&f.publication, "publication", logrelay.DefaultPublication, "with --mode log: the publication the slot is streamed with")
 	fl.StringVar(&f.wake, "wake", "auto", "table mode: auto (on MySQL/MariaDB, wake from the binlog within milliseconds of a commit when it can be read; polling otherwise) or poll (--poll-interval only)")
 	fl.StringVar(&f.stream, "stream", binlogrelay.DefaultName, "with --mode log on MySQL/MariaDB: the stream's name (its stored binlog position and its lock)")
+	fl.StringVar(&f.config, "config", "", "relay every outbox listed in this YAML file in one process (see above); SIGHUP reloads it")
 	fl.BoolVar(&f.syncMark, "sync-mark", false, "PostgreSQL: wait for the WAL flush of every mark (default: marks commit asynchronously; a mark lost in a database crash only re-publishes)")
 	return cmd
 }
@@ -203,6 +214,15 @@ func checkRelayFlags(f relayFlags) error {
 func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if err := checkRelayFlags(f); err != nil {
 		return err
+	}
+	if f.config != "" {
+		switch {
+		case f.broker != "":
+			return usagef("--config lists each outbox's broker: drop --broker (and %s)", envName("broker"))
+		case f.mode != "table", f.drain, f.console.addr != "", f.cleanupInterval > 0:
+			return usagef("--config relays outboxes in table mode, without --drain, --console-addr or --cleanup-interval (run those per outbox)")
+		}
+		return a.runGroup(ctx, f)
 	}
 	sealer, err := a.sealer(ctx)
 	if err != nil {

@@ -1,0 +1,355 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.yaml.in/yaml/v3"
+
+	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/metrics"
+	"github.com/txoutbox/txoutbox/relaygroup"
+)
+
+// groupFile is the file of relay --config: the outboxes one process relays.
+type groupFile struct {
+	Outboxes []outboxSpec `yaml:"outboxes"`
+}
+
+// outboxSpec is one outbox of a --config file. Unset fields take the
+// relay command's flags.
+type outboxSpec struct {
+	Name         string  `yaml:"name" json:"name"`
+	DSN          string  `yaml:"dsn" json:"dsn,omitempty"`
+	DSNEnv       string  `yaml:"dsn_env" json:"dsn_env,omitempty"`
+	Table        string  `yaml:"table" json:"table,omitempty"`
+	Broker       string  `yaml:"broker" json:"broker,omitempty"`
+	BrokerEnv    string  `yaml:"broker_env" json:"broker_env,omitempty"`
+	Mode         string  `yaml:"mode" json:"mode,omitempty"`
+	BatchSize    *int    `yaml:"batch_size" json:"batch_size,omitempty"`
+	Concurrency  *int    `yaml:"concurrency" json:"concurrency,omitempty"`
+	PollInterval *string `yaml:"poll_interval" json:"poll_interval,omitempty"`
+	Ordering     *string `yaml:"ordering" json:"ordering,omitempty"`
+	MaxAttempts  *int    `yaml:"max_attempts" json:"max_attempts,omitempty"`
+
+	// Resolved by loadGroupFile.
+	dsn, broker string
+	flags       relayFlags
+}
+
+// loadGroupFile reads and checks a --config file: every error names the
+// outbox and the field, and nothing connects before the whole file is
+// valid.
+func loadGroupFile(path string, defaults relayFlags) ([]outboxSpec, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, usagef("--config: %v", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	var gf groupFile
+	if err := dec.Decode(&gf); err != nil {
+		return nil, usagef("--config %s: %v", path, err)
+	}
+	if len(gf.Outboxes) == 0 {
+		return nil, usagef("--config %s lists no outboxes (want a list under \"outboxes:\")", path)
+	}
+	seen := map[string]bool{}
+	for i := range gf.Outboxes {
+		s := &gf.Outboxes[i]
+		where := fmt.Sprintf("--config %s: outbox %d", path, i+1)
+		if s.Name != "" {
+			where = fmt.Sprintf("--config %s: outbox %q", path, s.Name)
+		}
+		if err := s.resolve(defaults, seen); err != nil {
+			return nil, usagef("%s: %v", where, err)
+		}
+	}
+	return gf.Outboxes, nil
+}
+
+func (s *outboxSpec) resolve(defaults relayFlags, seen map[string]bool) error {
+	switch {
+	case s.Name == "":
+		return fmt.Errorf("no name")
+	case seen[s.Name]:
+		return fmt.Errorf("the name is used twice")
+	}
+	seen[s.Name] = true
+	var err error
+	if s.dsn, err = fromEnv("dsn", s.DSN, s.DSNEnv); err != nil {
+		return err
+	}
+	if s.broker, err = fromEnv("broker", s.Broker, s.BrokerEnv); err != nil {
+		return err
+	}
+	if _, _, _, err := parseDSN(s.dsn); err != nil {
+		return err
+	}
+	if err := checkBrokerURL(s.broker); err != nil {
+		return err
+	}
+	if s.Table == "" {
+		s.Table = dialect.DefaultTable
+	}
+	if _, err := dialect.ValidateIdentifier(s.Table); err != nil {
+		return fmt.Errorf("table: %w", err)
+	}
+	if s.Mode != "" && s.Mode != "table" {
+		return fmt.Errorf("mode %q: a --config file relays outboxes in table mode; run a relay process of its own for a log-mode outbox (txoutbox relay --mode log)", s.Mode)
+	}
+	f := defaults
+	if s.BatchSize != nil {
+		f.batchSize = *s.BatchSize
+	}
+	if s.Concurrency != nil {
+		f.concurrency = *s.Concurrency
+	}
+	if s.MaxAttempts != nil {
+		f.maxAttempts = *s.MaxAttempts
+	}
+	if s.Ordering != nil {
+		f.ordering = *s.Ordering
+	}
+	if s.PollInterval != nil {
+		if f.pollInterval, err = time.ParseDuration(*s.PollInterval); err != nil {
+			return fmt.Errorf("poll_interval: %v", err)
+		}
+	}
+	if _, ok := orderingModes[f.ordering]; !ok {
+		return fmt.Errorf("ordering %q: want auto, on or off", f.ordering)
+	}
+	if err := checkRelayFlags(f); err != nil {
+		return err
+	}
+	s.flags = f
+	return nil
+}
+
+// fromEnv is a field given as a value or as the name of an environment
+// variable that holds it (for secrets), exactly one of them.
+func fromEnv(field, value, env string) (string, error) {
+	switch {
+	case value != "" && env != "":
+		return "", fmt.Errorf("both %s and %s_env: give one", field, field)
+	case env != "":
+		v := os.Getenv(env)
+		if v == "" {
+			return "", fmt.Errorf("%s_env: the environment variable %s is not set", field, env)
+		}
+		return v, nil
+	case value == "":
+		return "", fmt.Errorf("no %s (or %s_env)", field, field)
+	}
+	return value, nil
+}
+
+var orderingModes = map[string]core.OrderingMode{"auto": core.OrderingAuto, "on": core.OrderingOn, "off": core.OrderingOff}
+
+// spec is what restarts a member when it changes on reload (the resolved
+// DSN and broker included, so that a new secret in the environment
+// counts).
+func (s *outboxSpec) spec() string {
+	b, _ := json.Marshal(struct {
+		S           *outboxSpec
+		DSN, Broker string
+	}{s, s.dsn, s.broker})
+	return string(b)
+}
+
+// pools shares one *sql.DB between the outboxes of one DSN (tables or
+// schemas of one database), so that connections grow with databases, not
+// with outboxes.
+type pools struct {
+	mu  sync.Mutex
+	dbs map[string]*database
+}
+
+func (p *pools) get(dsn string) (*database, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if db, ok := p.dbs[dsn]; ok {
+		return db, nil
+	}
+	db, err := openDatabaseLazily(dsn)
+	if err != nil {
+		return nil, err
+	}
+	p.dbs[dsn] = db
+	return db, nil
+}
+
+func (p *pools) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, db := range p.dbs {
+		db.Close()
+	}
+}
+
+// runGroup is relay --config: one process relays every outbox of the file
+// (a relaygroup.Group), and SIGHUP reloads the file.
+func (a *app) runGroup(ctx context.Context, f relayFlags) error {
+	specs, err := loadGroupFile(f.config, f)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	group, err := relaygroup.New(relaygroup.Options{Logger: a.log})
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(groupCollector{group})
+	ps := &pools{dbs: map[string]*database{}}
+	defer ps.close()
+	var h health
+	h.set("ok")
+	context.AfterFunc(ctx, func() { h.set("stopping") })
+	if f.httpAddr != "" {
+		// Readiness is the process's: one tenant's database down must not
+		// take every other outbox's relay out of service.
+		srv, addr, err := a.serveHTTP(f.httpAddr, reg, nil, &h)
+		if err != nil {
+			return err
+		}
+		a.log.Info("txoutbox: serving /metrics and /healthz", "addr", addr)
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+	apply := func(specs []outboxSpec) error {
+		members := make([]relaygroup.Member, len(specs))
+		for i := range specs {
+			s := specs[i]
+			members[i] = relaygroup.Member{Name: s.Name, Spec: s.spec(), Run: func(ctx context.Context) error { return a.runMember(ctx, s, ps, reg, f) }}
+		}
+		return group.Set(members)
+	}
+	if err := apply(specs); err != nil {
+		return err
+	}
+	a.log.Info("txoutbox: relay group started", "config", f.config, "outboxes", len(specs))
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	done := make(chan error, 1)
+	go func() { done <- group.Run(ctx) }()
+	for {
+		select {
+		case err := <-done:
+			a.log.Info("txoutbox: relay group stopped")
+			return err
+		case <-hup:
+			specs, err := loadGroupFile(f.config, f)
+			if err == nil {
+				err = apply(specs)
+			}
+			if err != nil {
+				a.log.Error("txoutbox: relay group: reload refused; the outboxes run as before", "config", f.config, "error", err)
+				continue
+			}
+			a.log.Info("txoutbox: relay group reloaded", "config", f.config, "outboxes", len(specs))
+		}
+	}
+}
+
+// runMember relays one outbox of the group until ctx ends: its store on the
+// DSN's shared pool, its broker, its metrics labelled outbox="name", its
+// stats monitor.
+func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, reg *prometheus.Registry, defaults relayFlags) error {
+	log := a.log.With("outbox", s.Name)
+	f := s.flags
+	db, err := ps.get(s.dsn)
+	if err != nil {
+		return err
+	}
+	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: s.Table, Logger: log, SyncMark: defaults.syncMark})
+	if err != nil {
+		return err
+	}
+	ma := &app{log: log, stdout: a.stdout, stderr: a.stderr}
+	if err := ma.awaitDependency(ctx, "database", db.redacted, false, ob.Ping); err != nil || ctx.Err() != nil {
+		return err
+	}
+	var pub publisher
+	if err := ma.awaitDependency(ctx, "broker", redact(s.broker), false, func(ctx context.Context) error {
+		p, err := openBroker(ctx, s.broker, a.stdout, log)
+		pub = p
+		return err
+	}); err != nil || ctx.Err() != nil {
+		return err
+	}
+	defer func() {
+		if err := pub.Close(); err != nil {
+			log.Warn("txoutbox: close broker", "error", err)
+		}
+	}()
+	met, err := metrics.New(metrics.Options{Registerer: reg, LagThreshold: f.lagThreshold, ConstLabels: prometheus.Labels{"outbox": s.Name}})
+	if err != nil {
+		return err
+	}
+	defer reg.Unregister(met)
+	relay, err := core.NewRelay(met.Store(ob), met.Publisher(pub), core.RelayOptions{
+		BatchSize: f.batchSize, PollInterval: f.pollInterval, Concurrency: f.concurrency,
+		ShutdownTimeout: f.shutdownTimeout, PublishTimeout: publishTimeout(f.publishTimeout),
+		Retry:    core.RetryPolicy{MaxAttempts: f.maxAttempts, InitialBackoff: f.initialBackoff, MaxBackoff: f.maxBackoff},
+		Logger:   log,
+		Ordering: orderingModes[f.ordering],
+		Ordered:  core.OrderedOptions{PartitionCount: f.partitions},
+	})
+	if err != nil {
+		return err
+	}
+	mon, err := core.NewMonitor(ob, met.MonitorOptions(core.MonitorOptions{Interval: f.statsInterval, Logger: log}))
+	if err != nil {
+		return err
+	}
+	mctx, stopMon := context.WithCancel(ctx)
+	monDone := make(chan struct{})
+	go func() { defer close(monDone); _ = mon.Run(mctx) }()
+	defer func() { stopMon(); <-monDone }()
+	log.Info("txoutbox: relay started", "database", db.redacted, "table", s.Table, "broker", redact(s.broker),
+		"batch_size", f.batchSize, "concurrency", f.concurrency, "ordered", relay.Ordered())
+	return relay.Run(ctx)
+}
+
+// groupCollector exports the group's members: running or waiting to
+// restart, and their restarts.
+type groupCollector struct{ g *relaygroup.Group }
+
+var (
+	memberUpDesc = prometheus.NewDesc("txoutbox_group_member_running",
+		"1 while the outbox's relay runs, 0 while it waits to be started again after an error.", []string{"outbox"}, nil)
+	memberRestartsDesc = prometheus.NewDesc("txoutbox_group_member_restarts_total",
+		"Times the outbox's relay stopped with an error and was started again.", []string{"outbox"}, nil)
+)
+
+func (c groupCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- memberUpDesc
+	ch <- memberRestartsDesc
+}
+
+func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.g.Status() {
+		up := 0.0
+		if s.Running {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(memberUpDesc, prometheus.GaugeValue, up, s.Name)
+		ch <- prometheus.MustNewConstMetric(memberRestartsDesc, prometheus.CounterValue, float64(s.Restarts), s.Name)
+	}
+}
