@@ -48,9 +48,6 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 	if walStatus == "lost" {
 		return fmt.Errorf("%w: slot %s (wal_status lost): events written while it fell behind may be missing", ErrSlotInvalidated, r.names.slot)
 	}
-	if err := updateTrigger(ctx, r.pool, r.names); err != nil {
-		return err
-	}
 	// After a server crash the slot may be back at a position it kept on
 	// disk, older than the one the relays confirmed and recorded: start
 	// from the later. The server starts at the slot's position when it is
@@ -69,6 +66,11 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 		return err
 	}
 	defer conn.Close(context.Background())
+	// After the replication connection: a pooler in the way is named
+	// first (ErrPooler).
+	if err := updateTrigger(ctx, r.pool, r.names); err != nil {
+		return err
+	}
 	err = pglogrepl.StartReplication(ctx, conn, r.names.slot, start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.names.pub + "'", "messages 'true'"},
 	})

@@ -71,7 +71,7 @@ func outboxes(b *testing.B, n int) (*sql.DB, []*sqlxoutbox.Outbox) {
 // the relays' defaults (one worker, one-second poll): goroutines and open
 // connections, and the queries they send while nothing happens.
 //
-//	go test -run '^$' -bench IdleCost -benchtime 1x ./relaygroup/
+//	go test -run '^$' -bench BenchmarkIdleCost -benchtime 1x ./relaygroup/
 func BenchmarkIdleCost(b *testing.B) {
 	const n, idle = 100, 10 * time.Second
 	for range b.N {
@@ -116,7 +116,7 @@ func BenchmarkIdleCost(b *testing.B) {
 // (TXOUTBOX_FAIRNESS_BACKLOG=1000000 for a million). It reports the quiet
 // outbox's p50 and p99 in both phases, and the drain's rate.
 //
-//	go test -run '^$' -bench Fairness -benchtime 1x -timeout 30m ./relaygroup/
+//	go test -run '^$' -bench BenchmarkFairness -benchtime 1x -timeout 30m ./relaygroup/
 func BenchmarkFairness(b *testing.B) {
 	backlog := 200_000
 	if v, err := strconv.Atoi(os.Getenv("TXOUTBOX_FAIRNESS_BACKLOG")); err == nil && v > 0 {

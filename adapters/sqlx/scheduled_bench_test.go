@@ -18,7 +18,7 @@ import (
 // publish time minus the event's time. It reports the p50 and p99 in ms,
 // per database.
 //
-//	go test -run '^$' -bench ScheduledLateness -benchtime 1x ./adapters/sqlx/
+//	go test -run '^$' -bench BenchmarkScheduledLateness -benchtime 1x ./adapters/sqlx/
 func BenchmarkScheduledLateness(b *testing.B) {
 	for _, be := range backends {
 		b.Run(be.name, func(b *testing.B) {

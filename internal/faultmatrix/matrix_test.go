@@ -1049,7 +1049,14 @@ func (c *cell) checkAfter(t *testing.T, signals string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	for _, e := range announcementErrors(c.relayLog.String(), signals, c.backend) {
+	// The relay announces the broker back once it has taken events for
+	// two seconds (a flapping broker is one outage): wait for the line.
+	errs := announcementErrors(c.relayLog.String(), signals, c.backend)
+	for len(errs) > 0 && time.Now().Before(deadline.Add(5*time.Second)) {
+		time.Sleep(100 * time.Millisecond)
+		errs = announcementErrors(c.relayLog.String(), signals, c.backend)
+	}
+	for _, e := range errs {
 		t.Error(e)
 	}
 }
