@@ -26,7 +26,6 @@ func TestRelayConfigGroup(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Setenv("TXOUTBOX_TEST_B_DSN", b.dsn)
 	base := `outboxes:
   - name: tenant-a
     dsn: ` + a.dsn + `
@@ -41,7 +40,7 @@ func TestRelayConfigGroup(t *testing.T) {
     broker: log://
 `
 	write(base)
-	cmd, stdout, stderr, addr := startRelay(t, a.dsn, "--config", conf)
+	cmd, stdout, stderr, addr := startRelayEnv(t, []string{"TXOUTBOX_TEST_B_DSN=" + b.dsn}, a.dsn, "--config", conf)
 	want := len(a.enqueue(t, "order.created", "a", 5)) + len(b.enqueue(t, "order.created", "b", 5))
 	waitFor(t, 30*time.Second, "the events of both healthy outboxes", func() bool { return len(sinkIDs(t, stdout.String())) >= want })
 	if !strings.Contains(stderr.String(), `"outbox":"tenant-down"`) || !strings.Contains(stderr.String(), "database does not answer") {

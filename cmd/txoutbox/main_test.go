@@ -624,8 +624,14 @@ func (b *lockedBuffer) String() string {
 // stderr, and the address of its HTTP server.
 func startRelay(t *testing.T, dsn string, args ...string) (*exec.Cmd, *lockedBuffer, *lockedBuffer, string) {
 	t.Helper()
+	return startRelayEnv(t, nil, dsn, args...)
+}
+
+// startRelayEnv is startRelay with variables added to the environment.
+func startRelayEnv(t *testing.T, env []string, dsn string, args ...string) (*exec.Cmd, *lockedBuffer, *lockedBuffer, string) {
+	t.Helper()
 	cmd := exec.Command(binary, append([]string{"relay", "--dsn", dsn, "--http-addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
-	cmd.Env = cliEnv()
+	cmd.Env = cliEnv(env...)
 	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Start(); err != nil {
