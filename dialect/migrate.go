@@ -307,9 +307,13 @@ func readApplied(ctx context.Context, conn *sql.Conn, mt string, mid Identifier)
 	return applied, nil
 }
 
-// mysqlMigrateLock is the GET_LOCK name that serializes Migrate across
-// processes on MySQL.
-const mysqlMigrateLock = "txoutbox_migrate"
+// mysqlMigrateLock is the SQL of the GET_LOCK name that serializes
+// Migrate across processes on MySQL, with one parameter: the migrations
+// table's schema, or NULL for the connection's database. Named locks are
+// the server's, so the name carries the database: migrators of different
+// databases on one server do not wait for each other. A hash keeps it
+// within GET_LOCK's 64 characters.
+const mysqlMigrateLock = "CONCAT('txoutbox_migrate:', LEFT(SHA1(COALESCE(?, DATABASE())), 40))"
 
 // applyMySQL is applyMigrations on MySQL, whose DDL commits as it runs, so
 // no transaction can hold the migrations: a named lock (GET_LOCK, held by
@@ -319,16 +323,20 @@ const mysqlMigrateLock = "txoutbox_migrate"
 // statements are CREATE ... IF NOT EXISTS where MySQL has that form, so
 // running it again after the fix finishes it.
 func (d Dialect) applyMySQL(ctx context.Context, conn *sql.Conn, mid Identifier, ms []Migration, log *slog.Logger) error {
+	var schema any
+	if mid.Schema != "" {
+		schema = mid.Schema
+	}
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 600)", mysqlMigrateLock).Scan(&got); err != nil {
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+mysqlMigrateLock+", 600)", schema).Scan(&got); err != nil {
 		return fmt.Errorf("dialect: migrate: lock: %w", err)
 	}
 	if got.Int64 != 1 {
-		return fmt.Errorf("dialect: migrate: another migration held the lock %q for 10 minutes", mysqlMigrateLock)
+		return fmt.Errorf("dialect: migrate: another migration of this database held its lock for 10 minutes")
 	}
 	defer func() {
 		// A session that cannot release its lock is closed, which does.
-		if _, err := conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", mysqlMigrateLock); err != nil {
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK("+mysqlMigrateLock+")", schema); err != nil {
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		}
 	}()

@@ -22,6 +22,8 @@ func TestAnnouncementErrors(t *testing.T) {
 		{"log mode, both announced", lines(streamLostLine, storeDownLine, storeBackLine, streamBackLine), "store", backendLog, ""},
 		{"log mode, silent", "", "store", backendLog, "never logged"},
 		{"table mode, silent", "", "store", backendPostgres, "never logged"},
+		{"ordered, no batch ran: the monitor and /healthz announced", lines(monitorDownLine, healthzDownLine), "store", backendPostgres, ""},
+		{"broker fault, only the monitor's line", lines(monitorDownLine), "broker", backendPostgres, "never logged"},
 		{"table mode, only the stream's lines", lines(streamLostLine, streamBackLine), "store", backendMariaDB, "never logged"},
 		{"broker, silent", lines(storeDownLine, storeBackLine), "broker", backendLog, "never logged"},
 		{"down without back", lines(streamLostLine), "store", backendLog, "left unannounced"},
