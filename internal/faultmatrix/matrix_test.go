@@ -59,9 +59,9 @@ type cell struct {
 	relayLog       *lockedBuffer // the output of the latest relay process
 	// logAtInject is how much the relay had logged when the fault began.
 	logAtInject int
-	httpAddr       string        // its /healthz and /metrics
-	relayDSN       string        // the relay's database, through c.db
-	ordering       string
+	httpAddr    string // its /healthz and /metrics
+	relayDSN    string // the relay's database, through c.db
+	ordering    string
 	// server, when set, is the crashable server the outbox lives on: a
 	// PostgreSQL cluster, or a MariaDB server (backendMariaDB).
 	server crashable
