@@ -52,7 +52,8 @@ var brokenCases = map[string]struct {
 			f.Store = deafStore{s, &core.Signal{}}
 			return f
 		}, goChannelBroker(nil))
-	}, "events never arrived"},
+		// The failure says where the events stand: never claimed.
+	}, "unpublished, 0 attempts"},
 	// The publisher claims order and reverses every batch.
 	"OrderBroken": {func(t *testing.T) {
 		outboxtest.RunPublisher(t, goChannelBroker(func(p core.Publisher) core.Publisher { return reversing{p} }))

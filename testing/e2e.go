@@ -62,6 +62,7 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 		col := Collect(t, b.Subscriber, b.topic(et))
 		committed := suiteEvents(t, et, 60, 6)
 		rolledBack := suiteEvents(t, et, 20, 6)
+		explainMissing(t, f, col, committed)
 		startRelay(t, f, b.Publisher, e2eRelayOptions(t))
 		for i := 0; i < len(committed); i += 15 {
 			mustEnqueue(t, f, committed[i:i+15], true)
@@ -105,9 +106,40 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 		for i := range evs {
 			mustEnqueue(t, f, evs[i:i+1], true)
 		}
+		explainMissing(t, f, col, evs)
 		ctx, cancel := timeout(t, b.deliveryTimeout(t))
 		defer cancel()
 		col.Wait(ctx, ids(evs))
+	})
+}
+
+// explainMissing says, if the test fails, where each event that never
+// reached the subscriber stands in the outbox: never claimed, published
+// (then the broker or the subscriber lost it), or failing with its error.
+// A delivery wait that times out says only "never arrived"; this is the
+// evidence a rare failure on a loaded machine needs.
+func explainMissing(t *testing.T, f *StoreFixture, col *Collection, evs []core.Event) {
+	t.Helper()
+	t.Cleanup(func() {
+		if !t.Failed() || f.Get == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, ev := range evs {
+			if col.Count(ev.ID) > 0 {
+				continue
+			}
+			got, err := f.Get(ctx, ev.ID)
+			switch {
+			case err != nil:
+				t.Logf("event %s: %v", ev.ID, err)
+			case got.PublishedAt != nil:
+				t.Logf("event %s: published at %s, never received", ev.ID, got.PublishedAt.Format(time.RFC3339Nano))
+			default:
+				t.Logf("event %s: unpublished, %d attempts, last error %q", ev.ID, got.AttemptCount, got.LastError)
+			}
+		}
 	})
 }
 
