@@ -43,24 +43,28 @@ fi
 # The fault matrix (internal/faultmatrix), the longest package and mostly
 # waiting, runs beside the other tests from the start, and govulncheck
 # beside both at the lowest CPU priority: the machine's two cores sit half
-# idle while tests wait on servers, sleeps and timeouts. Then the tests
-# named *Outage*, which stop the broker: one package at a time, against the
-# second RabbitMQ node (services.sh), so that no broker another test uses
-# goes down.
+# idle while tests wait on servers, sleeps and timeouts. After the matrix,
+# in its lane, come the tests named *Outage*, which stop the broker: one
+# package at a time, against the second RabbitMQ node (services.sh), so
+# that no broker another test uses goes down. (They once ran after all the
+# other tests, adding about 200 s to every run.)
 go test -race -count=1 -timeout 20m -json -skip 'Outage' $(go list ./... | grep -v '/internal/faultmatrix$') >.services/test.json 2>&1 &
 main=$!
-go test -race -count=1 -timeout 20m -json -skip 'Outage' ./internal/faultmatrix >.services/test-faults.json 2>&1 &
+outage=$(git grep -l '^func Test[A-Za-z]*Outage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
+(
+	go test -race -count=1 -timeout 20m -json -skip 'Outage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
+	stage "fault matrix done"
+	# shellcheck disable=SC2086
+	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
+		go test -race -count=1 -timeout 15m -p 1 -json -run 'Outage' $outage >.services/test-outage.json 2>&1 || true
+	stage "outage tests done"
+) &
 faults=$!
 nice -n 19 scripts/vulncheck.sh >.services/vulncheck.log 2>&1 &
 vuln=$!
 wait "$main" || true
+stage "other tests done"
 wait "$faults" || true
-stage "tests done"
-outage=$(git grep -l '^func Test[A-Za-z]*Outage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
-# shellcheck disable=SC2086
-TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
-	go test -race -count=1 -timeout 15m -p 1 -json -run 'Outage' $outage >.services/test-outage.json 2>&1 || true
-stage "outage tests done"
 failed=0
 for r in .services/test.json .services/test-faults.json .services/test-outage.json; do
 	go run ./internal/cmd/testreport -top 0 <"$r" || failed=1

@@ -697,21 +697,22 @@ func (c *cell) killConsumer(t *testing.T) {
 	_ = c.consumer.Wait()
 }
 
-// program is a command the tests build once per run.
+// program is a command the tests build once per run, with the race
+// detector, as the test binaries: the build then shares make test's
+// compiled packages, and the relay's races are found too. The consumer
+// was once built without it, which compiled every dependency a second
+// time: over 200 s of a clean run's saturated CPU, while the two cells
+// waiting for it (consumer SIGKILL) held both of the matrix's parallel
+// slots.
 type program struct {
-	pkg string
-	// race builds it with the race detector, as the test binaries: the
-	// code under test (the CLI's relay). The consumer process is the
-	// test's instrument: the detector's slowdown would stretch its
-	// processing past the SQS visibility timeout the cells use.
-	race bool
+	pkg  string
 	once sync.Once
 	path string
 	err  error
 }
 
 var (
-	cli           = &program{pkg: "github.com/txoutbox/txoutbox/cmd/txoutbox", race: true}
+	cli           = &program{pkg: "github.com/txoutbox/txoutbox/cmd/txoutbox"}
 	faultConsumer = &program{pkg: "github.com/txoutbox/txoutbox/internal/faultmatrix/internal/faultconsumer"}
 )
 
@@ -724,13 +725,7 @@ func (p *program) build(t *testing.T) string {
 			return
 		}
 		p.path = filepath.Join(dir, filepath.Base(p.pkg))
-		// With -race, the build shares make test's compiled packages, and
-		// the relay's races are found too.
-		args := []string{"build", "-o", p.path, p.pkg}
-		if p.race {
-			args = append(args[:1], append([]string{"-race"}, args[1:]...)...)
-		}
-		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-race", "-o", p.path, p.pkg).CombinedOutput(); err != nil {
 			p.err = fmt.Errorf("go build %s: %v\n%s", p.pkg, err, out)
 		}
 	})
