@@ -47,14 +47,18 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 	}
 	names := logrelay.Names{Table: logTable, Slot: "bench_log_" + suffix, Publication: "bench_log"}
 	raw := logrelay.Names{Table: logTable, Slot: "bench_raw_" + suffix, Publication: "bench_log"}
-	for _, n := range []logrelay.Names{names, raw} {
+	// A third slot on the same log, drained by a relay that confirms its
+	// position only with the status it sends every second: what the
+	// prompt confirmation (the default) costs the drain.
+	lazy := logrelay.Names{Table: logTable, Slot: "bench_lazy_" + suffix, Publication: "bench_log"}
+	for _, n := range []logrelay.Names{names, raw, lazy} {
 		if err := setup(n); err != nil {
 			return nil, err
 		}
 	}
 
 	// Drain: the same backlog for each, taking turns, round by round.
-	var logRates, tableRates, rawRates, vsTable, vsRaw []float64
+	var logRates, tableRates, rawRates, lazyRates, vsTable, vsRaw, vsLazy []float64
 	var writes int64
 	for round := range b.c.Rounds {
 		tr, err := b.relayDrainRate(ctx, "log_versus_table", b.c.Backlog)
@@ -64,18 +68,29 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 		if err := b.logFill(ctx, b.c.Backlog); err != nil {
 			return nil, err
 		}
-		lr, w, err := b.logDrainRate(ctx, names, b.c.Backlog, round == 0)
-		if err != nil {
-			return nil, err
+		var lr, lz float64
+		for _, prompt := range []bool{round%2 == 0, round%2 != 0} {
+			if prompt {
+				r, w, err := b.logDrainRate(ctx, names, b.c.Backlog, round == 0, 0)
+				if err != nil {
+					return nil, err
+				}
+				lr, writes = r, writes+w
+				continue
+			}
+			r, _, err := b.logDrainRate(ctx, lazy, b.c.Backlog, false, time.Hour)
+			if err != nil {
+				return nil, err
+			}
+			lz = r
 		}
-		writes += w
 		rr, err := rawSlotRate(ctx, b.dsn, raw, b.c.Backlog)
 		if err != nil {
 			return nil, err
 		}
-		b.log.Info("log drain", "round", round, "log_per_s", int(lr), "table_per_s", int(tr), "raw_slot_per_s", int(rr))
-		logRates, tableRates, rawRates = append(logRates, lr), append(tableRates, tr), append(rawRates, rr)
-		vsTable, vsRaw = append(vsTable, lr/tr), append(vsRaw, lr/rr)
+		b.log.Info("log drain", "round", round, "log_per_s", int(lr), "lazy_confirm_per_s", int(lz), "table_per_s", int(tr), "raw_slot_per_s", int(rr))
+		logRates, tableRates, rawRates, lazyRates = append(logRates, lr), append(tableRates, tr), append(rawRates, rr), append(lazyRates, lz)
+		vsTable, vsRaw, vsLazy = append(vsTable, lr/tr), append(vsRaw, lr/rr), append(vsLazy, lr/lz)
 	}
 	wm := b.watermillBacklogRate
 	if wm == 0 {
@@ -95,6 +110,8 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 			target: "≥ 10×", pass: median(logRates) >= 10*wm, verdict: true},
 		row{name: "l' log-mode drain vs reading the slot alone (walsender decoding and transfer, no JSON, no publish)",
 			value: median(logRates), baseline: median(rawRates), ratios: vsRaw, unit: "/s", target: "—"},
+		row{name: "l' log-mode drain, position confirmed at once (the default) vs only with the status sent every second (ConfirmInterval 1h)",
+			value: median(logRates), baseline: median(lazyRates), ratios: vsLazy, unit: "/s", target: "—"},
 		row{name: "l  relay writes to the outbox table per event in log mode (rows written / events drained)",
 			value: float64(writes) / float64(b.c.Backlog*b.c.Rounds), unit: "x", target: "0", pass: writes == 0, verdict: true},
 	)
@@ -170,13 +187,13 @@ func (b *bench) ensureOrders(ctx context.Context) error {
 // logDrainRate runs a fresh log relay until it published n events from its
 // slot, and returns its rate and the rows it wrote to the table. With
 // BENCH_LOG_PROFILE set (a file name), the first drain is CPU-profiled.
-func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, first bool) (float64, int64, error) {
+func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, first bool, confirmInterval time.Duration) (float64, int64, error) {
 	store, err := b.store(b.db, names.Table, sqlxoutbox.Options{})
 	if err != nil {
 		return 0, 0, err
 	}
 	pub := &memPublisher{}
-	r, err := logrelay.New(store, pub, logrelay.Options{ConnString: b.dsn, Names: names,
+	r, err := logrelay.New(store, pub, logrelay.Options{ConnString: b.dsn, Names: names, ConfirmInterval: confirmInterval,
 		Relay: core.RelayOptions{BatchSize: backlogBatchSize, Logger: b.quiet}})
 	if err != nil {
 		return 0, 0, err

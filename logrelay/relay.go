@@ -53,6 +53,13 @@ type Options struct {
 	// wal_sender_timeout, so that the server frees the slot for a standby
 	// this long after the streaming relay stopped answering. Default 10s.
 	ServerTimeout time.Duration
+	// ConfirmInterval is how long, at most, a confirmed position that
+	// moved waits before the relay sends it to the server. Default 0: at
+	// once, within the 20 ms the stream's reads take at most, so that a
+	// relay killed at any point leaves little for its successor to send
+	// again. Sending it costs a status message, no round trip. Longer
+	// values send it with the status the relay sends every second anyway.
+	ConfirmInterval time.Duration
 }
 
 // DefaultHoldOnBrokerDown is Options.HoldOnBrokerDown's default.
@@ -110,8 +117,8 @@ func New(store core.Store, pub core.Publisher, opts Options) (*Relay, error) {
 	if opts.ConnString == "" {
 		return nil, fmt.Errorf("%w: logrelay: Options.ConnString is required", core.ErrInvalidOptions)
 	}
-	if opts.StandbyInterval < 0 || opts.ServerTimeout < 0 || opts.SpillAfter < 0 {
-		return nil, fmt.Errorf("%w: logrelay: negative StandbyInterval, ServerTimeout or SpillAfter", core.ErrInvalidOptions)
+	if opts.StandbyInterval < 0 || opts.ServerTimeout < 0 || opts.SpillAfter < 0 || opts.ConfirmInterval < 0 {
+		return nil, fmt.Errorf("%w: logrelay: negative StandbyInterval, ServerTimeout, SpillAfter or ConfirmInterval", core.ErrInvalidOptions)
 	}
 	if opts.SpillAfter == 0 {
 		opts.SpillAfter = time.Second

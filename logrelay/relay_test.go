@@ -745,3 +745,47 @@ func TestOutdatedTriggerIsUpdated(t *testing.T) {
 		t.Errorf("the event scheduled 2s ahead was published at once (%d times)", n)
 	}
 }
+
+// The position a relay confirms goes to the server as soon as it moves
+// (ConfirmInterval 0), so that a killed relay's successor sends little
+// again; a long ConfirmInterval leaves it to the status sent every second.
+// Twenty transactions 100 ms apart: one confirmation each at once, a few
+// in all with the interval.
+func TestConfirmInterval(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		interval time.Duration
+		ok       func(confirms int64) bool
+		want     string
+	}{
+		{0, func(n int64) bool { return n >= 10 }, "at least 10"},
+		{time.Hour, func(n int64) bool { return n <= 6 }, "at most 6"},
+	} {
+		t.Run(tc.interval.String(), func(t *testing.T) {
+			t.Parallel()
+			l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
+			rec := outboxtest.NewRecorder()
+			r, err := logrelay.New(l.Box, rec, logrelay.Options{ConnString: l.DSN, Names: l.Names,
+				Relay: core.RelayOptions{Logger: quiet}, ConfirmInterval: tc.interval})
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, r)
+			waitFor(t, 10*time.Second, "the relay to stream", func() bool { return r.Streaming() })
+			evs := events(t, 20, 20)
+			start := r.Counters().Confirms
+			for i := range evs {
+				enqueue(t, l, evs[i:i+1], 1)
+				time.Sleep(100 * time.Millisecond)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
+				t.Fatal(err)
+			}
+			if n := r.Counters().Confirms - start; !tc.ok(n) {
+				t.Errorf("%d positions confirmed for %d transactions 100 ms apart, want %s", n, len(evs), tc.want)
+			}
+		})
+	}
+}

@@ -125,6 +125,7 @@ func (r *Relay) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- log
 	var (
 		cur        *logstream.Item // the transaction being read
 		sent       = r.stream.Confirmed()
+		sentAt     time.Time
 		lastServer = time.Now()
 		nextStatus time.Time
 	)
@@ -138,7 +139,7 @@ func (r *Relay) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- log
 		if pos != sent {
 			r.stream.Confirmation()
 		}
-		sent = pos
+		sent, sentAt = pos, time.Now()
 		return nil
 	}
 	// push hands it to the publisher; the server keeps hearing from the
@@ -159,7 +160,7 @@ func (r *Relay) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- log
 	}
 	for {
 		now := time.Now()
-		if now.After(nextStatus) || r.stream.Confirmed() != sent {
+		if now.After(nextStatus) || r.stream.Confirmed() != sent && now.Sub(sentAt) >= r.opts.ConfirmInterval {
 			ask := now.After(nextStatus)
 			if err := status(ask); err != nil {
 				return err
