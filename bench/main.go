@@ -31,6 +31,10 @@
 //	   event. BENCH_LOG_PROFILE=file CPU-profiles the first log-mode drain.
 //	v  the operations console (package console): each page's time with
 //	   Retained published events and a fiftieth as many dead ones
+//	r  River (riverqueue/river, pgx driver), at its defaults and tuned as
+//	   its own benchmark command is: drain of an equal backlog, latency at
+//	   a steady 1k events/s, producer tx/s with InsertTx vs Enqueue vs
+//	   the business row alone
 //	m  MySQL/MariaDB (-mysql-dsn, default $TXOUTBOX_MYSQL_DSN): relay drain
 //	   against the same claim and mark statements by hand, producer tx/s
 //	   with the outbox row against without, and claim latency with a million
@@ -122,7 +126,7 @@ func main() {
 	quick := flag.Bool("quick", false, "smaller sizes (about a minute)")
 	dsn := flag.String("dsn", os.Getenv("TXOUTBOX_PG_DSN"), "PostgreSQL DSN allowed to CREATE DATABASE (default $TXOUTBOX_PG_DSN)")
 	keep := flag.Bool("keep", false, "keep the benchmark database")
-	only := flag.String("only", "", "run only these scenarios, e.g. ac (default all of abcdeflvm; m needs -mysql-dsn)")
+	only := flag.String("only", "", "run only these scenarios, e.g. ac (default all of abcdeflrvm; m needs -mysql-dsn)")
 	mysqlDSN := flag.String("mysql-dsn", os.Getenv("TXOUTBOX_MYSQL_DSN"), "m: MySQL/MariaDB server allowed to CREATE DATABASE (default $TXOUTBOX_MYSQL_DSN)")
 	rounds := flag.Int("rounds", 0, "repetitions of each throughput measurement (default 2, 1 with -quick)")
 	backlog := flag.Int("backlog", 0, "a: backlog size (default 200000)")
@@ -219,6 +223,13 @@ func run(ctx context.Context, c config, out io.Writer, log *slog.Logger) (err er
 		r, err := b.logScenario(ctx)
 		if err != nil {
 			return fmt.Errorf("scenario l: %w", err)
+		}
+		rows = append(rows, r...)
+	}
+	if want("r") {
+		r, err := b.riverScenario(ctx)
+		if err != nil {
+			return fmt.Errorf("scenario r: %w", err)
 		}
 		rows = append(rows, r...)
 	}
