@@ -395,7 +395,23 @@ pidfile = $dir/pgbouncer.pid
 INI
 	echo '"postgres" ""' >"$dir/users.txt"
 	chown -R postgres "$dir"
-	su postgres -s /bin/sh -c "/usr/sbin/pgbouncer -d $dir/pgbouncer.ini" >&2
+	# PgBouncer 1.18 (Debian 12's) exits with "server_proto: server in bad
+	# state: 11" when a client disconnects mid-query at the wrong moment
+	# (pgbouncer#822, fixed in 1.20; a relay stopped mid-claim is such a
+	# client): one clean make test run lost it that way, and with it every
+	# later test through it. A supervisor starts it again at once, and
+	# logs each restart in restarts.log, which make test prints.
+	rm -f "$dir/restarts.log"
+	touch "$dir/supervise"
+	(
+		while [ -f "$dir/supervise" ]; do
+			su postgres -s /bin/sh -c "/usr/sbin/pgbouncer $dir/pgbouncer.ini" >/dev/null 2>&1 || true
+			[ -f "$dir/supervise" ] || break
+			echo "$(date -u +%FT%TZ) pgbouncer exited and was started again; its last FATAL: $(grep FATAL "$dir/pgbouncer.log" | tail -n 1)" >>"$dir/restarts.log"
+			sleep 0.1
+		done
+	) </dev/null >/dev/null 2>&1 &
+	echo $! >"$dir/supervisor.pid"
 	local i
 	for i in $(seq 1 100); do
 		if (exec 3<>"/dev/tcp/127.0.0.1/$PGBOUNCER_PORT") 2>/dev/null; then
@@ -410,8 +426,10 @@ INI
 }
 
 stop_pgbouncer() {
-	local pid=$PG_DIR/pgbouncer/pgbouncer.pid
-	if [ -f "$pid" ]; then kill "$(cat "$pid")" 2>/dev/null || true; rm -f "$pid"; fi
+	local dir=$PG_DIR/pgbouncer
+	rm -f "$dir/supervise"
+	if [ -f "$dir/supervisor.pid" ]; then kill "$(cat "$dir/supervisor.pid")" 2>/dev/null || true; rm -f "$dir/supervisor.pid"; fi
+	if [ -f "$dir/pgbouncer.pid" ]; then kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null || true; rm -f "$dir/pgbouncer.pid"; fi
 }
 
 stop_nats() {
@@ -429,6 +447,7 @@ export TXOUTBOX_CHROMIUM='/usr/bin/chromium'
 export TXOUTBOX_NATS_URL='nats://127.0.0.1:$NATS_PORT'
 # PgBouncer in transaction pooling mode in front of TXOUTBOX_PG_DSN's server.
 export TXOUTBOX_PGBOUNCER_DSN='postgres://postgres@127.0.0.1:$PGBOUNCER_PORT/postgres?sslmode=disable'
+export TXOUTBOX_PGBOUNCER_RESTARTS='$PG_DIR/pgbouncer/restarts.log'
 export TXOUTBOX_S3_URL='s3://txoutbox?endpoint=http://127.0.0.1:$S3_PORT&use_path_style=true&region=us-east-1&anonymous=true'
 export TXOUTBOX_RABBITMQ_ENV='$(rabbit_env "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq")'
 # The node the outage tests stop and start (make test points them at it).
