@@ -49,15 +49,33 @@ func TestRelayConfigGroup(t *testing.T) {
 	if strings.Contains(stderr.String(), "secret") {
 		t.Error("the log shows a DSN's password")
 	}
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// The sink prints an event when the broker has it; the counter grows
+	// once the batch's outcome is recorded, a moment later.
+	var body string
+	lines := []string{`txoutbox_events_published_total{event_type="order.created",outbox="tenant-a"} 5`,
+		`txoutbox_events_published_total{event_type="order.created",outbox="tenant-b"} 5`, `txoutbox_group_member_running{outbox="tenant-down"}`}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+		missing := 0
+		for _, line := range lines {
+			if !strings.Contains(body, line) {
+				missing++
+			}
+		}
+		if missing == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, line := range []string{`txoutbox_events_published_total{event_type="order.created",outbox="tenant-a"} 5`,
-		`txoutbox_events_published_total{event_type="order.created",outbox="tenant-b"} 5`, `txoutbox_group_member_running{outbox="tenant-down"}`} {
-		if !strings.Contains(string(body), line) {
+	for _, line := range lines {
+		if !strings.Contains(body, line) {
 			t.Errorf("/metrics has no %s", line)
 		}
 	}
