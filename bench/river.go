@@ -292,6 +292,9 @@ func (b *bench) riverDrainRate(ctx context.Context, pool *pgxpool.Pool, s riverS
 	return float64(n) / el.Seconds(), nil
 }
 
+// riverWarmUp is how long a started client runs before the latency run.
+var riverWarmUp = 3 * time.Second
+
 // riverLatency has the producers commit an order row and its job at
 // LatencyRate while a started client of setting s works them; each job's
 // latency runs from just before its COMMIT to the moment its worker got
@@ -307,7 +310,7 @@ func (b *bench) riverLatency(ctx context.Context, pool *pgxpool.Pool, s riverSet
 	}
 	defer func() { _ = client.Stop(context.Background()) }()
 	// Let it finish its start (leader election, first fetch).
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(riverWarmUp)
 	run := time.Now().UnixNano()
 	ids, committed, _, _, err := b.paced(ctx, func(ctx context.Context, i int) (string, time.Time, error) {
 		id := fmt.Sprintf("%d-%d", run, i)
@@ -341,5 +344,7 @@ func (b *bench) riverLatency(ctx context.Context, pool *pgxpool.Pool, s riverSet
 	for i, id := range ids {
 		ds[i] = w.times[id].Sub(committed[i])
 	}
+	b.log.Info("river latency distribution", "p50", percentile(ds, 0.5), "p90", percentile(ds, 0.9), "p95", percentile(ds, 0.95), "p99", percentile(ds, 0.99),
+		"p99_after_the_first_second", percentile(ds[min(len(ds), b.c.LatencyRate):], 0.99))
 	return latencies{p50: percentile(ds, 0.50), p99: percentile(ds, 0.99)}, nil
 }
