@@ -582,7 +582,7 @@ func TestBehindPgBouncer(t *testing.T) {
 	// Its log goes to the test's: a clean run once saw Run go on for 30 s
 	// instead of stopping with ErrPooler, with nothing to tell why.
 	viaPooler, err := logrelay.New(s.Box, core.PublisherFunc(func(context.Context, []core.Event) error { return nil }),
-		logrelay.Options{ConnString: bouncer, Names: names, Relay: core.RelayOptions{Logger: slog.New(slog.NewTextHandler(testLog{t}, nil))}})
+		logrelay.Options{ConnString: bouncer, Names: names, Relay: core.RelayOptions{Logger: testenv.Logger(t, slog.LevelInfo)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -790,12 +790,4 @@ func TestConfirmInterval(t *testing.T) {
 			}
 		})
 	}
-}
-
-// testLog writes to the test's log.
-type testLog struct{ t *testing.T }
-
-func (w testLog) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
 }

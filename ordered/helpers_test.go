@@ -16,16 +16,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
 
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
-	return len(p), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return testenv.Logger(t, slog.LevelInfo) }
 
 // migrated opens a fresh, migrated database of d (ordered mode's schema
 // is part of the default migrations).

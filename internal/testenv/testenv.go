@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -148,4 +149,18 @@ func RandomSuffix() string {
 		panic(fmt.Sprintf("crypto/rand: %v", err))
 	}
 	return hex.EncodeToString(b)
+}
+
+// Logger returns a logger that writes to t's log, at level and above: a
+// component's lines then show with the test that failed.
+func Logger(t testing.TB, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tLog{t}, &slog.HandlerOptions{Level: level}))
+}
+
+// tLog writes to a test's log.
+type tLog struct{ t testing.TB }
+
+func (w tLog) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
