@@ -332,7 +332,7 @@ func mysqlProduce(ctx context.Context, db *sql.DB, box *sqlxoutbox.Outbox, varia
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	payload := orderPayload(i)
 	const insert = "INSERT INTO orders (customer_id, amount_cents, payload) VALUES (?, ?, ?)"
-	args := []any{fmt.Sprintf("c-%d", i%9973), (i * 37) % 100000, payload}
+	args := orderArgs(i, payload)
 	ev := core.Event{AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i), EventType: "order.created", Payload: []byte(payload)}
 	switch variant {
 	case prodPlain:

@@ -28,16 +28,22 @@ const (
 	fPgxExecWith = "pgx_execwith"
 )
 
-// pgxScenario runs scenario f: the pgx adapter against the sqlx adapter on
-// the same database, producer transactions per second (taking turns as in
-// d) and relay drain (taking turns batch by batch as in a).
-func (b *bench) pgxScenario(ctx context.Context) ([]row, error) {
+// pgxPool opens a pgx pool on the bench database, sized as b.open's
+// database/sql pools.
+func (b *bench) pgxPool(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(b.dsn)
 	if err != nil {
 		return nil, err
 	}
-	cfg.MaxConns = 32 // as b.open's database/sql pools
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	cfg.MaxConns = 32
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// pgxScenario runs scenario f: the pgx adapter against the sqlx adapter on
+// the same database, producer transactions per second (taking turns as in
+// d) and relay drain (taking turns batch by batch as in a).
+func (b *bench) pgxScenario(ctx context.Context) ([]row, error) {
+	pool, err := b.pgxPool(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -113,15 +119,22 @@ func (b *bench) pgxScenario(ctx context.Context) ([]row, error) {
 // event, in two statements (Enqueue) or one (ExecWithEvents).
 func producePgx(ctx context.Context, box *pgxoutbox.Outbox, tx pgx.Tx, execWith bool, i int) error {
 	payload := orderPayload(i)
-	const insert = "INSERT INTO orders (customer_id, amount_cents, payload) VALUES ($1, $2, $3)"
-	args := []any{fmt.Sprintf("c-%d", i%9973), (i * 37) % 100000, payload}
+	args := orderArgs(i, payload)
 	ev := core.Event{AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i), EventType: "order.created", Payload: []byte(payload)}
 	if execWith {
-		_, err := box.ExecWithEvents(ctx, tx, insert, args, ev)
+		_, err := box.ExecWithEvents(ctx, tx, orderInsertPG, args, ev)
 		return err
 	}
-	if _, err := tx.Exec(ctx, insert, args...); err != nil {
+	if _, err := tx.Exec(ctx, orderInsertPG, args...); err != nil {
 		return err
 	}
 	return box.Enqueue(ctx, tx, ev)
+}
+
+// orderInsertPG is the order row's INSERT on PostgreSQL, with orderArgs.
+const orderInsertPG = "INSERT INTO orders (customer_id, amount_cents, payload) VALUES ($1, $2, $3)"
+
+// orderArgs are the i-th order row's values; payload is orderPayload(i).
+func orderArgs(i int, payload string) []any {
+	return []any{fmt.Sprintf("c-%d", i%9973), (i * 37) % 100000, payload}
 }

@@ -303,8 +303,7 @@ func (b *bench) produceOrder(ctx context.Context, db *sql.DB, box *sqlxoutbox.Ou
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	payload := orderPayload(i)
-	const insert = "INSERT INTO orders (customer_id, amount_cents, payload) VALUES ($1, $2, $3)"
-	args := []any{fmt.Sprintf("c-%d", i%9973), (i * 37) % 100000, payload}
+	insert, args := orderInsertPG, orderArgs(i, payload)
 	ev := core.Event{AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i), EventType: "order.created", Payload: []byte(payload)}
 	switch variant {
 	case prodPlain:

@@ -107,12 +107,7 @@ func (s riverSetting) client(pool *pgxpool.Pool, w *riverCounter, log *slog.Logg
 // latency at a steady rate, and the producers' cost, River's settings and
 // txoutbox taking turns round by round.
 func (b *bench) riverScenario(ctx context.Context) ([]row, error) {
-	cfg, err := pgxpool.ParseConfig(b.dsn)
-	if err != nil {
-		return nil, err
-	}
-	cfg.MaxConns = 32 // as b.open's database/sql pools
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := b.pgxPool(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -131,22 +126,23 @@ func (b *bench) riverScenario(ctx context.Context) ([]row, error) {
 
 	// Drain.
 	n := b.c.Backlog
-	drain := map[string][]float64{}
+	type side struct {
+		name  string
+		drain func() (float64, error)
+	}
+	sides := []side{{"txoutbox", func() (float64, error) { return b.relayDrainRate(ctx, riverDrainTable, n) }}}
+	for _, s := range riverSettings {
+		sides = append(sides, side{s.name, func() (float64, error) { return b.riverDrainRate(ctx, pool, s, n) }})
+	}
+	drain := rounds{}
 	for round := range b.c.Rounds {
-		sides := []string{"txoutbox", riverSettings[0].name, riverSettings[1].name}
 		for k := range sides {
-			side := sides[(k+round)%len(sides)]
-			var r float64
-			var err error
-			if side == "txoutbox" {
-				r, err = b.relayDrainRate(ctx, riverDrainTable, n)
-			} else {
-				r, err = b.riverDrainRate(ctx, pool, riverSettingNamed(side), n)
-			}
+			sd := sides[(k+round)%len(sides)]
+			r, err := sd.drain()
 			if err != nil {
-				return nil, fmt.Errorf("drain %s: %w", side, err)
+				return nil, fmt.Errorf("drain %s: %w", sd.name, err)
 			}
-			drain[side] = append(drain[side], r)
+			drain[sd.name] = append(drain[sd.name], r)
 		}
 		b.log.Info("river drain", "round", round, "txoutbox_per_s", int(drain["txoutbox"][round]),
 			"river_defaults_per_s", int(drain["defaults"][round]), "river_tuned_per_s", int(drain["tuned"][round]))
@@ -201,19 +197,13 @@ func (b *bench) riverScenario(ctx context.Context) ([]row, error) {
 	}
 
 	backlog := count(n)
-	ratios := func(a, base []float64) []float64 {
-		var out []float64
-		for i := range min(len(a), len(base)) {
-			out = append(out, a[i]/base[i])
-		}
-		return out
-	}
 	rate := fmt.Sprintf("%d/s", b.c.LatencyRate)
 	var rows []row
 	for _, s := range riverSettings {
-		rows = append(rows, row{name: fmt.Sprintf("r  drain of an equal %s backlog, txoutbox (batch %d, %d workers) vs %s (jobs inserted %d per transaction with InsertManyFastTx; the worker only counts)",
-			backlog, backlogBatchSize, backlogConcurrency, s, riverInsertTx),
-			value: median(drain["txoutbox"]), baseline: median(drain[s.name]), ratios: ratios(drain["txoutbox"], drain[s.name]), unit: "/s", ratioX: true, target: "—"})
+		r := drain.row(fmt.Sprintf("r  drain of an equal %s backlog, txoutbox (batch %d, %d workers) vs %s (jobs inserted %d per transaction with InsertManyFastTx; the worker only counts)",
+			backlog, backlogBatchSize, backlogConcurrency, s, riverInsertTx), "txoutbox", s.name, "—", 0)
+		r.unit, r.ratioX = "/s", true
+		rows = append(rows, r)
 	}
 	for _, s := range riverSettings {
 		rows = append(rows,
@@ -230,19 +220,9 @@ func (b *bench) riverScenario(ctx context.Context) ([]row, error) {
 	return rows, nil
 }
 
-func riverSettingNamed(name string) riverSetting {
-	for _, s := range riverSettings {
-		if s.name == name {
-			return s
-		}
-	}
-	panic("bench: no River setting " + name)
-}
-
 // insertOrder is the business row of scenario r's producers.
 func insertOrder(ctx context.Context, tx pgx.Tx, i int) error {
-	_, err := tx.Exec(ctx, "INSERT INTO orders (customer_id, amount_cents, payload) VALUES ($1, $2, $3)",
-		fmt.Sprintf("c-%d", i%9973), (i*37)%100000, orderPayload(i))
+	_, err := tx.Exec(ctx, orderInsertPG, orderArgs(i, orderPayload(i))...)
 	return err
 }
 
