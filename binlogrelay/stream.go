@@ -454,7 +454,13 @@ func (c *confirmer) run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if err := c.store(ctx, false); err != nil {
+			// A stop must not cut a store in half: the driver would
+			// close the lock's connection, and the final store at stop
+			// (which sends nothing twice) could not run.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), serverTimeout)
+			err := c.store(sctx, false)
+			cancel()
+			if err != nil {
 				return err
 			}
 		}
