@@ -18,27 +18,28 @@ if [ -n "$unformatted" ]; then
 	exit 1
 fi
 
-# go vet compiles every package with -race, as go test will: one build of
-# the module and its dependencies serves both (a plain go vet would compile
-# everything a second time). It runs while the services install and start,
-# which mostly wait on apt and on the servers.
+# Every package, test variant and dependency is compiled with -race (go
+# list -export compiles without linking or vetting) while the services
+# install and start, which mostly wait on apt and on the servers: the
+# tests, go vet, govulncheck and the programs the tests build then reuse
+# that one compilation.
 mkdir -p .services
-go vet -race ./... >.services/vet.log 2>&1 &
-vet=$!
+go list -race -export -test -deps ./... >/dev/null 2>.services/build.log &
+build=$!
 scripts/services.sh start
 stage "services up"
 # shellcheck disable=SC1091
 . .services/env
-if ! wait "$vet"; then
-	cat .services/vet.log >&2
-	echo "test.sh: go vet failed" >&2
+if ! wait "$build"; then
+	cat .services/build.log >&2
+	echo "test.sh: the module does not compile" >&2
 	exit 1
 fi
-stage "go vet done"
+stage "module compiled"
 
-# go vet above ran every analyzer, a superset of go test's own vet pass
-# (-vet=off), which would otherwise analyse every dependency again (about
-# 100 s of CPU on a cold cache). Test binaries are linked without DWARF
+# go vet (below, or beside the tests) runs every analyzer, a superset of
+# go test's own vet pass (-vet=off), which would otherwise analyse every
+# dependency a second time (about 100 s of CPU on a cold cache). Test binaries are linked without DWARF
 # (-ldflags=-w: a fifth less link time; panics still print their stacks).
 gotest=(go test -race -count=1 -vet=off -ldflags=-w)
 # A program built with -race sleeps a second at exit (ThreadSanitizer's
@@ -49,6 +50,7 @@ gotest=(go test -race -count=1 -vet=off -ldflags=-w)
 export GORACE="atexit_sleep_ms=0${GORACE:+ $GORACE}"
 
 if [ $# -gt 0 ]; then
+	go vet -race ./...
 	exec "${gotest[@]}" -timeout 20m "$@"
 fi
 
@@ -82,6 +84,10 @@ outage=$(git grep -l '^func Test[A-Za-z]*Outage' -- '*_test.go' | xargs -n1 dirn
 faults=$!
 nice -n 19 scripts/vulncheck.sh >.services/vulncheck.log 2>&1 &
 vuln=$!
+# go vet analyses the module (and, for its facts, every dependency) at the
+# lowest priority too: it needs CPU the tests leave idle, not their time.
+nice -n 19 go vet -race ./... >.services/vet.log 2>&1 &
+vet=$!
 wait "$main" || true
 stage "other tests done"
 wait "$faults" || true
@@ -99,6 +105,11 @@ if ! wait "$vuln"; then
 	failed=1
 fi
 cat .services/vulncheck.log >&2
+if ! wait "$vet"; then
+	cat .services/vet.log >&2
+	echo "test.sh: go vet failed" >&2
+	failed=1
+fi
 stage "done"
 if [ "$failed" -ne 0 ]; then
 	echo "test.sh: failed" >&2

@@ -225,7 +225,7 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 func (p *Publisher) publishOnce(ctx context.Context, cc *confirmChannel, events []core.Event, idx []int, errs []error) *confirmChannel {
 	var err error
 	if err = ctx.Err(); err == nil {
-		cc, err = p.channel(cc)
+		cc, err = p.channel(ctx, cc)
 	}
 	if err != nil {
 		for _, i := range idx {
@@ -251,8 +251,12 @@ func (p *Publisher) publishOnce(ctx context.Context, cc *confirmChannel, events 
 }
 
 // channel returns cc if it is still open on the current connection, or a
-// fresh confirm-mode channel.
-func (p *Publisher) channel(cc *confirmChannel) (*confirmChannel, error) {
+// fresh confirm-mode channel. Opening one is a round trip that amqp091
+// cannot bound: if RabbitMQ stops answering (a network that holds every
+// byte), it would wait until the heartbeat gives the connection up, some
+// 30 s, whatever the publish's deadline. At ctx's end the connection is
+// dropped instead, which frees the open, and the publish fails in time.
+func (p *Publisher) channel(ctx context.Context, cc *confirmChannel) (*confirmChannel, error) {
 	c, gen, err := p.conn.get()
 	if err != nil {
 		return nil, err
@@ -260,15 +264,36 @@ func (p *Publisher) channel(cc *confirmChannel) (*confirmChannel, error) {
 	if cc != nil && cc.gen == gen && !cc.ch.IsClosed() {
 		return cc, nil
 	}
-	ch, err := c.Channel()
-	if err != nil {
-		return nil, fmt.Errorf("%w: open channel: %w", ErrNotConnected, err)
+	type opened struct {
+		cc  *confirmChannel
+		err error
 	}
-	if err := ch.Confirm(false); err != nil {
-		ch.Close()
-		return nil, fmt.Errorf("%w: confirm mode: %w", ErrNotConnected, err)
+	res := make(chan opened, 1)
+	go func() {
+		ch, err := c.Channel()
+		if err != nil {
+			res <- opened{err: fmt.Errorf("%w: open channel: %w", ErrNotConnected, err)}
+			return
+		}
+		if err := ch.Confirm(false); err != nil {
+			ch.Close()
+			res <- opened{err: fmt.Errorf("%w: confirm mode: %w", ErrNotConnected, err)}
+			return
+		}
+		res <- opened{cc: &confirmChannel{ch: ch, gen: gen, returns: ch.NotifyReturn(make(chan amqp.Return, maxInFlight))}}
+	}()
+	select {
+	case r := <-res:
+		return r.cc, r.err
+	case <-ctx.Done():
+		p.conn.drop(gen, ctx.Err())
+		go func() {
+			if r := <-res; r.err == nil {
+				r.cc.ch.Close()
+			}
+		}()
+		return nil, fmt.Errorf("%w: open channel: RabbitMQ did not answer: %w", ErrNotConnected, ctx.Err())
 	}
-	return &confirmChannel{ch: ch, gen: gen, returns: ch.NotifyReturn(make(chan amqp.Return, maxInFlight))}, nil
 }
 
 // check returns why RabbitMQ can never take msg for topic on exchange, or

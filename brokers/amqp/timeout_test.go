@@ -2,6 +2,8 @@ package amqpbroker_test
 
 import (
 	"context"
+	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/testing/faultproxy"
 )
 
 // rabbitBlocked raises RabbitMQ's memory alarm (a watermark of 0 trips it
@@ -101,4 +104,56 @@ func TestOutageBlockedBrokerTimesOutPublish(t *testing.T) {
 		pending = still
 	}
 	got.WaitIDs(t, fixtures.EventIDs(evs), 30*time.Second)
+}
+
+// A publisher whose network to RabbitMQ starts holding every byte before
+// its first publish (so the publish must open a channel, a round trip
+// amqp091 does not bound) still gives the publish up at its deadline,
+// rather than when the heartbeat gives the connection up (some 30 s), and
+// publishes again once the network is back. A fault-matrix cell saw a
+// relay report the broker up through a 12 s blackhole because of it.
+func TestPublishDeadlineBoundsTheChannelOpen(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testenv.AMQPURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := faultproxy.Start(t, u.Host)
+	u.Host = proxy.Addr()
+	pub := newPublisher(t, amqpbroker.Options{URL: u.String(), Reconnect: fastReconnect, AllowUnroutable: true})
+	et := "order.held." + testenv.RandomSuffix()
+	ev := event(t, et, "a", 0)
+
+	if err := proxy.Blackhole(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	began := time.Now()
+	err = pub.Publish(ctx, []core.Event{ev})
+	took := time.Since(began)
+	if !errors.Is(err, amqpbroker.ErrNotConnected) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Publish through a blackhole = %v, want ErrNotConnected and the deadline", err)
+	}
+	// Far below the heartbeat's 30 s, far above the deadline's 1 s.
+	if took > 10*time.Second {
+		t.Errorf("Publish through a blackhole returned after %v; its deadline was 1s", took)
+	}
+
+	if err := proxy.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		err := pub.Publish(ctx, []core.Event{ev})
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no publish succeeded within 30s of the heal: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
