@@ -2,6 +2,8 @@ package outboxtest
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -99,7 +101,15 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 		col := Collect(t, b.Subscriber, b.topic(et))
 		opts := e2eRelayOptions(t)
 		opts.PollInterval = time.Hour // only the store's wake-up can publish in time
-		startRelay(t, f, b.Publisher, opts)
+		pub := &tracedPublisher{Publisher: b.Publisher}
+		startRelay(t, f, pub, opts)
+		// After startRelay's cleanup in the code, so before it at the
+		// end: a publish still in flight shows as such.
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Log(pub.summary())
+			}
+		})
 		// Let the workers run their first claim and go idle.
 		time.Sleep(200 * time.Millisecond)
 		evs := suiteEvents(t, et, 3, 1)
@@ -239,4 +249,43 @@ func waitPublished(t *testing.T, ctx context.Context, f *StoreFixture, evs []cor
 			}
 		}
 	}
+}
+
+// tracedPublisher records the publisher's calls, so that a failed delivery
+// wait can tell events the relay never handed over (never claimed) from a
+// publish that never returned: both leave the row unpublished with no
+// attempt.
+type tracedPublisher struct {
+	core.Publisher
+	mu                sync.Mutex
+	calls, returned   int
+	events            int
+	lastErr, inFlight string
+}
+
+func (p *tracedPublisher) Publish(ctx context.Context, batch []core.Event) error {
+	p.mu.Lock()
+	p.calls++
+	p.events += len(batch)
+	ids := make([]string, len(batch))
+	for i := range batch {
+		ids[i] = batch[i].ID
+	}
+	p.inFlight = strings.Join(ids, ",")
+	p.mu.Unlock()
+	err := p.Publisher.Publish(ctx, batch)
+	p.mu.Lock()
+	p.returned++
+	p.inFlight = ""
+	if err != nil {
+		p.lastErr = err.Error()
+	}
+	p.mu.Unlock()
+	return err
+}
+
+func (p *tracedPublisher) summary() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return fmt.Sprintf("publisher: %d calls with %d events, %d returned; in flight: %q; last error: %q", p.calls, p.events, p.returned, p.inFlight, p.lastErr)
 }
