@@ -313,6 +313,33 @@ func TestOrderingModeResolution(t *testing.T) {
 	}
 }
 
+// A worker that holds no partition yet (its leaser is still acquiring
+// them) looks again soon, not after the poll interval: the leaser wakes no
+// worker when it gains one, and the events committed before that, whose
+// Notify found no partition, would otherwise wait a whole poll. A clean
+// make test run lost three events to it for its 20 s wait.
+func TestOrderedWorkerClaimsOnceTheLeaserHoldsPartitions(t *testing.T) {
+	s := newOrderedMemStore()
+	l := &fakeLeaser{n: 4, ran: make(chan struct{})}
+	rec := &failIDs{}
+	r := orderedRelay(t, s, rec, core.RelayOptions{Ordered: core.OrderedOptions{Leaser: l}, PollInterval: time.Hour})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-l.ran
+	evs := aggEvents(t, s, []string{"a", "b", "c", "d"}, 1)
+	r.Notify()
+	time.Sleep(400 * time.Millisecond) // past the wake grace: the worker is idle
+	l.mu.Lock()
+	l.held = []int{0, 1, 2, 3}
+	l.mu.Unlock()
+	waitFor(t, func() bool { return len(rec.published()) == len(evs) }, "every event once the leaser holds the partitions")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 type fakeLeaser struct {
 	n      int
 	mu     sync.Mutex

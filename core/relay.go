@@ -239,6 +239,7 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 	errWait := time.Duration(0)
 	grace := len(wakeGrace) // no grace until woken
 	cooldown := r.opts.Cooldown
+	leaseWait := time.Duration(0)
 	for {
 		start := time.Now()
 		res, err := r.processBatch(ctx, worker)
@@ -259,7 +260,19 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			r.storeState(err, log)
 		}
 		var wait time.Duration
+		if err != nil || !res.idle {
+			leaseWait = 0
+		}
 		switch {
+		case err == nil && res.idle:
+			// No partition held yet (the leaser is still acquiring, or
+			// another relay holds them all): look again soon, not after
+			// the poll interval. The leaser wakes no worker when it
+			// gains a partition, and a Notify that came meanwhile found
+			// none either: events committed then would wait a whole
+			// poll. The check reads the leaser's state, not the store.
+			leaseWait = min(max(2*leaseWait, 50*time.Millisecond), time.Second, r.opts.PollInterval)
+			wait = leaseWait
 		case err != nil:
 			errWait = min(max(2*errWait, 100*time.Millisecond), 5*time.Second, r.opts.PollInterval)
 			wait = errWait
