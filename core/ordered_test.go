@@ -323,9 +323,7 @@ func TestOrderedWorkerClaimsOnceTheLeaserHoldsPartitions(t *testing.T) {
 	l := &fakeLeaser{n: 4, ran: make(chan struct{})}
 	rec := &failIDs{}
 	r := orderedRelay(t, s, rec, core.RelayOptions{Ordered: core.OrderedOptions{Leaser: l}, PollInterval: time.Hour})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := runRelay(t, r)
 	<-l.ran
 	evs := aggEvents(t, s, []string{"a", "b", "c", "d"}, 1)
 	r.Notify()
@@ -334,10 +332,18 @@ func TestOrderedWorkerClaimsOnceTheLeaserHoldsPartitions(t *testing.T) {
 	l.held = []int{0, 1, 2, 3}
 	l.mu.Unlock()
 	waitFor(t, func() bool { return len(rec.published()) == len(evs) }, "every event once the leaser holds the partitions")
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// runRelay runs r until the returned stop is called, which ends Run and
+// returns its error.
+func runRelay(t *testing.T, r *core.Relay) (stop func() error) {
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return func() error { cancel(); return <-done }
 }
 
 type fakeLeaser struct {
@@ -387,14 +393,11 @@ func TestOrderedRelayUsesLeaser(t *testing.T) {
 	l := &fakeLeaser{n: 4, held: []int{held}, ran: make(chan struct{})}
 	rec := &failIDs{}
 	r := orderedRelay(t, s, rec, core.RelayOptions{Ordered: core.OrderedOptions{Leaser: l}, PollInterval: time.Millisecond})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := runRelay(t, r)
 	<-l.ran
 	waitFor(t, func() bool { return len(rec.published()) >= inHeld }, "the held partition's events")
 	time.Sleep(20 * time.Millisecond) // room for a wrong claim to happen
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if !l.closed {
