@@ -209,6 +209,46 @@ func TestStoppedRelayRedelivers(t *testing.T) {
 	}
 }
 
+// A stop that comes while the broker takes the last batch, after it took
+// it: the broker's answer stands, the position stored at stop covers the
+// batch, and the next relay sends none of it again.
+func TestStopDuringAnAcceptedPublish(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
+	rec := outboxtest.NewRecorder()
+	evs := events(t, 60, 3)
+	ctx, cancel := context.WithCancel(t.Context())
+	r, err := logrelay.New(l.Box, fixtures.StopAfter(rec, evs[29].ID, cancel), logrelay.Options{ConnString: l.DSN, Names: l.Names,
+		Relay: core.RelayOptions{Logger: quiet}, ConfirmInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	enqueue(t, l, evs[:30], 10)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay did not stop")
+	}
+	run(t, newRelay(t, l, rec, core.RelayOptions{}))
+	enqueue(t, l, evs[30:], 10)
+	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer wcancel()
+	if err := rec.WaitDistinct(wctx, len(evs)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Settled(wctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := rec.Duplicates(); d != 0 {
+		t.Errorf("%d events sent again: the stop discarded the broker's answer", d)
+	}
+}
+
 // Two relays on one slot: one streams, the other stands by and takes over
 // when the first stops, and when the first's connection is cut.
 func TestStandbyTakesOver(t *testing.T) {

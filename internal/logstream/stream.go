@@ -489,8 +489,12 @@ func (s *Stream) publish(ctx context.Context, events []core.Event) ([]*core.Fail
 	}()
 	timedOut := errors.Is(context.Cause(pctx), core.ErrPublishTimeout)
 	cancel()
-	if ctx.Err() != nil {
-		return nil, ctx.Err() // shutdown: outcomes unknown, nothing confirmed
+	if ctx.Err() != nil && err != nil {
+		// Shutdown cut the publish: outcomes unknown, nothing confirmed.
+		// A publish that returned nil was taken whole, stop or not: the
+		// stop's stored position must cover it, or the next relay sends
+		// it again.
+		return nil, ctx.Err()
 	}
 	errs := core.EventErrors(err, len(events))
 	fails := make([]*core.Failure, len(events))
