@@ -62,35 +62,26 @@ rm -f .services/cpu.log
 export TXOUTBOX_CPU_LOG="$ROOT/.services/cpu.log"
 cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 
-# Three lanes run side by side from the start, since the tests mostly wait
-# on servers, sleeps and timeouts and go test's defaults (as many packages
-# and parallel tests as cores) left the two cores a third idle:
-# - the packages, four at a time, the slowest first (go test starts them
-#   in the order given);
-# - the fault matrix (internal/faultmatrix), four rows at a time (its long
-#   form's setting);
-# - the tests named *Outage*, which stop the broker: one package at a time,
-#   against the second RabbitMQ node (services.sh), so that no broker
-#   another test uses goes down.
-# govulncheck and go vet run beside them at the lowest CPU priority.
-slowest="./cmd/txoutbox ./adapters/sqlx ./adapters/gorm ./bench ./testing ./internal/pgbouncertest ./logrelay ./inbox/sqlinbox ./adapters/pgx ./archive ./examples/readme"
-others=$(go list -f '{{.Dir}}' ./... | sed "s|^$ROOT|.|" | grep -v '^./internal/faultmatrix$' | grep -vxF -f <(tr ' ' '\n' <<<"$slowest"))
-# shellcheck disable=SC2086
-"${gotest[@]}" -p 4 -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' $slowest $others >.services/test.json 2>&1 &
+# The fault matrix (internal/faultmatrix), the longest package and mostly
+# waiting, runs beside the other tests from the start, and govulncheck
+# beside both at the lowest CPU priority: the machine's two cores sit half
+# idle while tests wait on servers, sleeps and timeouts. After the matrix,
+# in its lane, come the tests named *Outage*, which stop the broker: one
+# package at a time, against the second RabbitMQ node (services.sh), so
+# that no broker another test uses goes down. (They once ran after all the
+# other tests, adding about 200 s to every run.)
+"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' $(go list ./... | grep -v '/internal/faultmatrix$') >.services/test.json 2>&1 &
 main=$!
-(
-	"${gotest[@]}" -parallel 4 -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
-	stage "fault matrix done"
-) &
-faults=$!
 outage=$(git grep -l '^func Test[A-Za-z]*Outage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
 (
+	"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
+	stage "fault matrix done"
 	# shellcheck disable=SC2086
 	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
 		"${gotest[@]}" -timeout 15m -p 1 "${cpuexec[@]}" -json -run 'Outage' $outage >.services/test-outage.json 2>&1 || true
 	stage "outage tests done"
 ) &
-outages=$!
+faults=$!
 nice -n 19 scripts/vulncheck.sh >.services/vulncheck.log 2>&1 &
 vuln=$!
 # go vet analyses the module (and, for its facts, every dependency) at the
@@ -100,7 +91,6 @@ vet=$!
 wait "$main" || true
 stage "other tests done"
 wait "$faults" || true
-wait "$outages" || true
 failed=0
 for r in .services/test.json .services/test-faults.json .services/test-outage.json; do
 	go run ./internal/cmd/testreport -top 0 <"$r" || failed=1
