@@ -337,6 +337,40 @@ func TestOrderedWorkerClaimsOnceTheLeaserHoldsPartitions(t *testing.T) {
 	}
 }
 
+// With its partitions split among several workers, an ordered relay's
+// Notify wakes every worker: one worker cannot claim another's partitions,
+// so a single wake-up left the events of the others' partitions for the
+// next poll (the NATS wake-up test's stranded events, with two workers).
+func TestOrderedNotifyWakesEveryWorker(t *testing.T) {
+	s := newOrderedMemStore()
+	l := &fakeLeaser{n: 4, held: []int{0, 1, 2, 3}, ran: make(chan struct{})}
+	rec := &failIDs{}
+	r := orderedRelay(t, s, rec, core.RelayOptions{Ordered: core.OrderedOptions{Leaser: l}, PollInterval: time.Hour, Concurrency: 4})
+	stop := runRelay(t, r)
+	<-l.ran
+	time.Sleep(400 * time.Millisecond) // every worker claimed nothing and is idle
+	var evs []core.Event
+	for _, a := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+		ev, err := core.NewEvent("test", a, "t", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, ev)
+	}
+	s.add(evs...) // one transaction: the store wakes the relay once
+	parts := map[int]bool{}
+	for i := range evs {
+		parts[memPartition(&evs[i], 4)] = true
+	}
+	if len(parts) < 2 {
+		t.Fatalf("the events fall in %d partition: the test needs them spread over workers", len(parts))
+	}
+	waitFor(t, func() bool { return len(rec.published()) == len(evs) }, "every event after one wake-up")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // runRelay runs r until the returned stop is called, which ends Run and
 // returns its error.
 func runRelay(t *testing.T, r *core.Relay) (stop func() error) {

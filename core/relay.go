@@ -36,14 +36,18 @@ type BatchResult struct {
 // A failed publish never fails its batch: the event is retried after a
 // backoff with jitter, and dead-lettered after RetryPolicy.MaxAttempts.
 type Relay struct {
-	store   Store
-	caps    StoreCapabilities
-	pub     Publisher
-	opts    RelayOptions
-	log     *slog.Logger
-	wake    chan struct{}
-	ordered bool // resolved from opts.Ordering at NewRelay
-	running atomic.Bool
+	store Store
+	caps  StoreCapabilities
+	pub   Publisher
+	opts  RelayOptions
+	log   *slog.Logger
+	wake  chan struct{}
+	// wakeEach, in ordered mode with the partitions split among several
+	// workers, holds each worker's own wake-up: one worker cannot claim
+	// another's partitions, so a Notify must reach them all.
+	wakeEach []chan struct{}
+	ordered  bool // resolved from opts.Ordering at NewRelay
+	running  atomic.Bool
 
 	batches, published, failed, dead, released atomic.Int64
 
@@ -75,7 +79,14 @@ func NewRelay(store Store, pub Publisher, opts RelayOptions) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{store: store, caps: caps, pub: pub, opts: o, log: o.Logger, wake: make(chan struct{}, 1), ordered: ordered}, nil
+	r := &Relay{store: store, caps: caps, pub: pub, opts: o, log: o.Logger, wake: make(chan struct{}, 1), ordered: ordered}
+	if ordered && caps.OrderedPartitions && o.Concurrency > 1 {
+		r.wakeEach = make([]chan struct{}, o.Concurrency)
+		for i := range r.wakeEach {
+			r.wakeEach[i] = make(chan struct{}, 1)
+		}
+	}
+	return r, nil
 }
 
 // Ordered reports whether the relay runs in ordered mode.
@@ -100,10 +111,27 @@ func (r *Relay) Options() RelayOptions { return r.opts }
 // committed yet when the worker claims, the worker looks again a few times
 // within milliseconds before it goes back to polling.
 func (r *Relay) Notify() {
+	for _, w := range r.wakeEach {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+	if r.wakeEach != nil {
+		return
+	}
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// wakeOf returns the channel that wakes worker.
+func (r *Relay) wakeOf(worker int) chan struct{} {
+	if r.wakeEach != nil {
+		return r.wakeEach[worker]
+	}
+	return r.wake
 }
 
 // RelayHealth is what a relay knows of its dependencies: whether the
@@ -299,13 +327,13 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 		if err == nil {
 			wait = max(wait, cooldown-time.Since(start))
 		}
-		if !r.sleep(ctx, timer, wait, &grace) {
+		if !r.sleep(ctx, timer, r.wakeOf(worker), wait, &grace) {
 			return nil
 		}
 		if err == nil {
 			// A Notify may have cut the wait short: the cooldown still
 			// holds, and the Notifies during it coalesce into this claim.
-			if rest := cooldown - time.Since(start); rest > 0 && !r.sleep(ctx, timer, rest, nil) {
+			if rest := cooldown - time.Since(start); rest > 0 && !r.sleep(ctx, timer, nil, rest, nil) {
 				return nil
 			}
 		}
@@ -349,9 +377,9 @@ func (r *Relay) storeState(err error, log *slog.Logger) {
 	log.Debug("txoutbox: relay batch failed again", "error", err)
 }
 
-// sleep waits for d, a Notify (which restarts the wake grace, when grace is
-// not nil) or ctx; it reports false if ctx ended.
-func (r *Relay) sleep(ctx context.Context, timer *time.Timer, d time.Duration, grace *int) bool {
+// sleep waits for d, a Notify on wake (which restarts the wake grace, when
+// grace is not nil) or ctx; it reports false if ctx ended.
+func (r *Relay) sleep(ctx context.Context, timer *time.Timer, wake chan struct{}, d time.Duration, grace *int) bool {
 	timer.Reset(d)
 	defer func() {
 		if !timer.Stop() {
@@ -361,7 +389,6 @@ func (r *Relay) sleep(ctx context.Context, timer *time.Timer, d time.Duration, g
 			}
 		}
 	}()
-	wake := r.wake
 	if grace == nil {
 		wake = nil // the cooldown: a Notify stays pending for after it
 	}
