@@ -97,34 +97,11 @@ func TestRotationAndGracefulRestart(t *testing.T) {
 func TestStopDuringAnAcceptedPublish(t *testing.T) {
 	t.Parallel()
 	l := fixtures.NewBinLog(t, "", fixtures.Options{SkipInbox: true})
-	rec := outboxtest.NewRecorder()
-	evs := events(t, 60, 3)
-	ctx, cancel := context.WithCancel(t.Context())
-	r := newRelay(t, l, fixtures.StopAfter(rec, evs[29].ID, cancel), binlogrelay.Options{ConfirmInterval: time.Hour})
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	enqueue(t, l, evs[:30], 10)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the relay did not stop")
+	relay := func(o binlogrelay.Options) func(core.Publisher) fixtures.Runner {
+		return func(pub core.Publisher) fixtures.Runner { return newRelay(t, l, pub, o) }
 	}
-	run(t, newRelay(t, l, rec, binlogrelay.Options{}))
-	enqueue(t, l, evs[30:], 10)
-	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer wcancel()
-	if err := rec.WaitDistinct(wctx, len(evs)); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Settled(wctx); err != nil {
-		t.Fatal(err)
-	}
-	if d := rec.Duplicates(); d != 0 {
-		t.Errorf("%d events sent again: the stop discarded the broker's answer", d)
-	}
+	fixtures.StopDuringAnAcceptedPublish(t, events(t, 60, 3), relay(binlogrelay.Options{ConfirmInterval: time.Hour}), relay(binlogrelay.Options{}),
+		func(evs []core.Event) { enqueue(t, l, evs, 10) }, l.Settled)
 }
 
 // Two relays on one stream: one streams, the other stands by, takes over

@@ -215,38 +215,18 @@ func TestStoppedRelayRedelivers(t *testing.T) {
 func TestStopDuringAnAcceptedPublish(t *testing.T) {
 	t.Parallel()
 	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
-	rec := outboxtest.NewRecorder()
-	evs := events(t, 60, 3)
-	ctx, cancel := context.WithCancel(t.Context())
-	r, err := logrelay.New(l.Box, fixtures.StopAfter(rec, evs[29].ID, cancel), logrelay.Options{ConnString: l.DSN, Names: l.Names,
-		Relay: core.RelayOptions{Logger: quiet}, ConfirmInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	enqueue(t, l, evs[:30], 10)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
+	relay := func(confirm time.Duration) func(core.Publisher) fixtures.Runner {
+		return func(pub core.Publisher) fixtures.Runner {
+			r, err := logrelay.New(l.Box, pub, logrelay.Options{ConnString: l.DSN, Names: l.Names,
+				Relay: core.RelayOptions{Logger: quiet}, ConfirmInterval: confirm})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the relay did not stop")
 	}
-	run(t, newRelay(t, l, rec, core.RelayOptions{}))
-	enqueue(t, l, evs[30:], 10)
-	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer wcancel()
-	if err := rec.WaitDistinct(wctx, len(evs)); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Settled(wctx); err != nil {
-		t.Fatal(err)
-	}
-	if d := rec.Duplicates(); d != 0 {
-		t.Errorf("%d events sent again: the stop discarded the broker's answer", d)
-	}
+	fixtures.StopDuringAnAcceptedPublish(t, events(t, 60, 3), relay(time.Hour), relay(0),
+		func(evs []core.Event) { enqueue(t, l, evs, 10) }, l.Settled)
 }
 
 // Two relays on one slot: one streams, the other stands by and takes over
