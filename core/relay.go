@@ -41,13 +41,14 @@ type Relay struct {
 	pub   Publisher
 	opts  RelayOptions
 	log   *slog.Logger
-	wake  chan struct{}
-	// wakeEach, in ordered mode with the partitions split among several
-	// workers, holds each worker's own wake-up: one worker cannot claim
-	// another's partitions, so a Notify must reach them all.
-	wakeEach []chan struct{}
-	ordered  bool // resolved from opts.Ordering at NewRelay
-	running  atomic.Bool
+	// wakes are the workers' wake-ups: one channel shared by all, which a
+	// Notify gives to one idle worker, or, in ordered mode with the
+	// partitions split among several workers, one per worker, since one
+	// worker cannot claim another's partitions and a Notify must reach
+	// them all.
+	wakes   []chan struct{}
+	ordered bool // resolved from opts.Ordering at NewRelay
+	running atomic.Bool
 
 	batches, published, failed, dead, released atomic.Int64
 
@@ -79,14 +80,15 @@ func NewRelay(store Store, pub Publisher, opts RelayOptions) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{store: store, caps: caps, pub: pub, opts: o, log: o.Logger, wake: make(chan struct{}, 1), ordered: ordered}
-	if ordered && caps.OrderedPartitions && o.Concurrency > 1 {
-		r.wakeEach = make([]chan struct{}, o.Concurrency)
-		for i := range r.wakeEach {
-			r.wakeEach[i] = make(chan struct{}, 1)
-		}
+	n := 1
+	if ordered && caps.OrderedPartitions {
+		n = o.Concurrency
 	}
-	return r, nil
+	wakes := make([]chan struct{}, n)
+	for i := range wakes {
+		wakes[i] = make(chan struct{}, 1)
+	}
+	return &Relay{store: store, caps: caps, pub: pub, opts: o, log: o.Logger, wakes: wakes, ordered: ordered}, nil
 }
 
 // Ordered reports whether the relay runs in ordered mode.
@@ -111,27 +113,12 @@ func (r *Relay) Options() RelayOptions { return r.opts }
 // committed yet when the worker claims, the worker looks again a few times
 // within milliseconds before it goes back to polling.
 func (r *Relay) Notify() {
-	for _, w := range r.wakeEach {
+	for _, w := range r.wakes {
 		select {
 		case w <- struct{}{}:
 		default:
 		}
 	}
-	if r.wakeEach != nil {
-		return
-	}
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
-
-// wakeOf returns the channel that wakes worker.
-func (r *Relay) wakeOf(worker int) chan struct{} {
-	if r.wakeEach != nil {
-		return r.wakeEach[worker]
-	}
-	return r.wake
 }
 
 // RelayHealth is what a relay knows of its dependencies: whether the
@@ -327,7 +314,7 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 		if err == nil {
 			wait = max(wait, cooldown-time.Since(start))
 		}
-		if !r.sleep(ctx, timer, r.wakeOf(worker), wait, &grace) {
+		if !r.sleep(ctx, timer, r.wakes[worker%len(r.wakes)], wait, &grace) {
 			return nil
 		}
 		if err == nil {
