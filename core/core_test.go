@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/logbuf"
 )
 
 func TestPrepare(t *testing.T) {
@@ -167,7 +168,7 @@ func TestMonitorLogsFailuresOnce(t *testing.T) {
 	t.Parallel()
 	// Two outages: checks 2-6 and 9-11.
 	src := &flakyStats{failing: func(n int) bool { return (n >= 2 && n <= 6) || (n >= 9 && n <= 11) }}
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	var failures atomic.Int64
 	m, err := core.NewMonitor(src, core.MonitorOptions{Interval: time.Millisecond,
 		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),

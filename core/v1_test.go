@@ -1,7 +1,6 @@
 package core_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/logbuf"
 )
 
 // An error marked Permanent dead-letters its event at once, whatever the
@@ -76,29 +76,11 @@ func TestRunReturnsNotMigrated(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for the relay's workers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // A broker outage writes a line when it starts and one when it ends, and a
 // failed batch one line, not one per event; a database outage likewise.
 func TestDownAndBackLoggedOncePerState(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	s := newMemStore()
 	s.add(testEvents(50, "t")...)
@@ -140,7 +122,7 @@ func TestDownAndBackLoggedOncePerState(t *testing.T) {
 		t.Errorf("counters %+v: the log is quieter, the counts must stay exact", c)
 	}
 
-	logs = syncBuffer{}
+	logs = logbuf.Buffer{}
 	st := &brokenStore{testStore: newMemStore(), err: errors.New("connection refused")}
 	r, _ = core.NewRelay(st, pub, core.RelayOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil)), PollInterval: 5 * time.Millisecond})
 	ctx, cancel := context.WithCancel(t.Context())
@@ -227,7 +209,7 @@ func TestRelayOptionsBounds(t *testing.T) {
 // has taken events for a while, and comes at once when a Drain ends.
 func TestFlappingBrokerLoggedAsOneOutage(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	s := newMemStore()
 	s.add(testEvents(60, "t")...)

@@ -17,6 +17,7 @@ import (
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/pgnotify"
 )
@@ -469,7 +470,7 @@ func TestListenerRefusesATransactionPooler(t *testing.T) {
 	t.Parallel()
 	for _, params := range [][]string{nil, {"default_query_exec_mode", "exec"}} {
 		bouncer, direct := testenv.PgBouncerDSN(t, params...)
-		var out syncBuffer
+		var out logbuf.Buffer
 		l, err := pgnotify.NewListener(bouncer, newWakes(), pgnotify.ListenerOptions{Logger: slog.New(slog.NewTextHandler(&out, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -492,22 +493,4 @@ func TestListenerRefusesATransactionPooler(t *testing.T) {
 		<-l.Ready()
 		w.wait(t, "the wake-up after connecting directly")
 	}
-}
-
-// syncBuffer is a log destination for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -12,14 +12,16 @@
 # second for the tests that stop the broker), the goaws SNS/SQS
 # emulator and the gofakes3 S3 server (each built from its Go module), and
 # nats-server with JetStream on disk (Debian's nats-server), and PgBouncer
-# (Debian's pgbouncer) in transaction pooling mode in front of PostgreSQL.
+# (Debian's pgbouncer) in transaction pooling mode in front of PostgreSQL,
+# behind a gate that keeps cancel requests from it (internal/cmd/pgbouncergate).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SVC="$ROOT/.services"
 # The default ports lie below Linux's ephemeral range (32768-60999 by
 # default), where another process's outgoing connection could hold one for a
-# moment. goaws itself listens on SNS_PORT + 1, behind its gate.
+# moment. goaws itself listens on SNS_PORT + 1, behind its gate, and
+# PgBouncer on PGBOUNCER_PORT + 1, behind its own.
 PG_PORT=${TXOUTBOX_PG_PORT:-24432}
 AMQP_PORT=${TXOUTBOX_AMQP_PORT:-24672}
 AMQP_DIST_PORT=${TXOUTBOX_AMQP_DIST_PORT:-24673}
@@ -369,18 +371,31 @@ start_pgbouncer() {
 	# test cluster does.
 	need_pkg /usr/sbin/pgbouncer pgbouncer
 	local dir=$PG_DIR/pgbouncer
-	if [ -f "$dir/pgbouncer.pid" ] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null; then
+	# PgBouncer listens one port up; internal/cmd/pgbouncergate serves
+	# PGBOUNCER_PORT in front of it and keeps cancel requests from it (see
+	# below and the gate's doc).
+	local inner=$((PGBOUNCER_PORT + 1))
+	(cd "$ROOT" && go build -o "$SVC/bin/pgbouncergate" ./internal/cmd/pgbouncergate) >&2
+	if [ -f "$dir/pgbouncer.pid" ] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null &&
+		[ -f "$dir/gate.pid" ] && kill -0 "$(cat "$dir/gate.pid")" 2>/dev/null; then
 		log "pgbouncer already running on $PGBOUNCER_PORT"
 		return
 	fi
-	port_free "$PGBOUNCER_PORT" pgbouncer PGBOUNCER
+	stop_pgbouncer
+	local i
+	for i in $(seq 1 30); do
+		(exec 3<>"/dev/tcp/127.0.0.1/$PGBOUNCER_PORT") 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$inner") 2>/dev/null || break
+		sleep 0.1 # a bouncer or gate just stopped, still closing its socket
+	done
+	port_free "$PGBOUNCER_PORT" "pgbouncer's gate" PGBOUNCER
+	port_free "$inner" "pgbouncer (behind its gate, PGBOUNCER_PORT + 1)" PGBOUNCER
 	mkdir -p "$dir"
 	cat >"$dir/pgbouncer.ini" <<INI
 [databases]
 * = host=127.0.0.1 port=$PG_PORT
 [pgbouncer]
 listen_addr = 127.0.0.1
-listen_port = $PGBOUNCER_PORT
+listen_port = $inner
 unix_socket_dir =
 auth_type = trust
 auth_file = $dir/users.txt
@@ -396,11 +411,14 @@ INI
 	echo '"postgres" ""' >"$dir/users.txt"
 	chown -R postgres "$dir"
 	# PgBouncer 1.18 (Debian 12's) exits with "server_proto: server in bad
-	# state: 11" when a client disconnects mid-query at the wrong moment
-	# (pgbouncer#822, fixed in 1.20; a relay stopped mid-claim is such a
-	# client): one clean make test run lost it that way, and with it every
-	# later test through it. A supervisor starts it again at once, and
-	# logs each restart in restarts.log, which make test prints.
+	# state: 11" when a cancel request meets the end of the query it
+	# cancels (pgbouncer#822, fixed in 1.21 by pgbouncer#927). pgx sends
+	# one whenever a context ends mid-query (a relay stopped mid-claim):
+	# two clean make test runs lost the bouncer that way, and with it the
+	# tests connected to it or connecting while it was down. The gate
+	# keeps cancel requests from it (and logs each one in gate.log); a
+	# supervisor still starts it again should it exit for another reason,
+	# and logs each restart in restarts.log, which make test prints.
 	rm -f "$dir/restarts.log"
 	touch "$dir/supervise"
 	(
@@ -412,9 +430,10 @@ INI
 		done
 	) </dev/null >/dev/null 2>&1 &
 	echo $! >"$dir/supervisor.pid"
-	local i
+	(exec nohup "$SVC/bin/pgbouncergate" -listen "127.0.0.1:$PGBOUNCER_PORT" -target "127.0.0.1:$inner" >"$dir/gate.log" 2>&1 </dev/null) &
+	echo $! >"$dir/gate.pid"
 	for i in $(seq 1 100); do
-		if (exec 3<>"/dev/tcp/127.0.0.1/$PGBOUNCER_PORT") 2>/dev/null; then
+		if (exec 3<>"/dev/tcp/127.0.0.1/$inner") 2>/dev/null && (exec 3<>"/dev/tcp/127.0.0.1/$PGBOUNCER_PORT") 2>/dev/null; then
 			log "pgbouncer $(/usr/sbin/pgbouncer --version | head -1 | cut -d' ' -f2) up on 127.0.0.1:$PGBOUNCER_PORT (transaction pooling)"
 			return
 		fi
@@ -430,6 +449,7 @@ stop_pgbouncer() {
 	rm -f "$dir/supervise"
 	if [ -f "$dir/supervisor.pid" ]; then kill "$(cat "$dir/supervisor.pid")" 2>/dev/null || true; rm -f "$dir/supervisor.pid"; fi
 	if [ -f "$dir/pgbouncer.pid" ]; then kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null || true; rm -f "$dir/pgbouncer.pid"; fi
+	if [ -f "$dir/gate.pid" ]; then kill "$(cat "$dir/gate.pid")" 2>/dev/null || true; rm -f "$dir/gate.pid"; fi
 }
 
 stop_nats() {
@@ -448,6 +468,7 @@ export TXOUTBOX_NATS_URL='nats://127.0.0.1:$NATS_PORT'
 # PgBouncer in transaction pooling mode in front of TXOUTBOX_PG_DSN's server.
 export TXOUTBOX_PGBOUNCER_DSN='postgres://postgres@127.0.0.1:$PGBOUNCER_PORT/postgres?sslmode=disable'
 export TXOUTBOX_PGBOUNCER_RESTARTS='$PG_DIR/pgbouncer/restarts.log'
+export TXOUTBOX_PGBOUNCER_GATE_LOG='$PG_DIR/pgbouncer/gate.log'
 export TXOUTBOX_S3_URL='s3://txoutbox?endpoint=http://127.0.0.1:$S3_PORT&use_path_style=true&region=us-east-1&anonymous=true'
 export TXOUTBOX_RABBITMQ_ENV='$(rabbit_env "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq")'
 # The node the outage tests stop and start (make test points them at it).

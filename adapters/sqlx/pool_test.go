@@ -1,7 +1,6 @@
 package sqlxoutbox_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
@@ -11,26 +10,9 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
-
-// syncBuffer is a log destination for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Eight goroutines in transactions on a pool that keeps database/sql's two
 // idle connections: the pool closes connection after connection, and Stats
@@ -51,7 +33,7 @@ func TestStatsWarnsOfAChurningPool(t *testing.T) {
 		if err := dialect.Migrate(ctx, db, dialect.Postgres, dialect.MigrateOptions{SkipInbox: true, Logger: quiet}); err != nil {
 			t.Fatal(err)
 		}
-		var out syncBuffer
+		var out logbuf.Buffer
 		ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{Logger: slog.New(slog.NewTextHandler(&out, nil))})
 		if err != nil {
 			t.Fatal(err)

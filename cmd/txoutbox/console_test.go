@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox/internal/logbuf"
 )
 
 // txoutbox console serves the console of the outbox of --dsn, and refuses
@@ -40,11 +42,11 @@ func TestConsoleCommand(t *testing.T) {
 
 // startConsole starts "txoutbox console" on dsn and a free loopback port,
 // and returns its URL (from its log) and its log; the test's end kills it.
-func startConsole(t *testing.T, dsn string, args ...string) (string, *lockedBuffer) {
+func startConsole(t *testing.T, dsn string, args ...string) (string, *logbuf.Buffer) {
 	t.Helper()
 	cmd := exec.Command(binary, append([]string{"console", "--dsn", dsn, "--addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
 	cmd.Env = cliEnv()
-	stderr := &lockedBuffer{}
+	stderr := &logbuf.Buffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

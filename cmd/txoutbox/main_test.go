@@ -16,13 +16,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 )
@@ -602,37 +602,19 @@ func TestCleanupWithProgress(t *testing.T) {
 	}
 }
 
-// lockedBuffer is an io.Writer the test reads while the process writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // startRelay starts a long-running relay and returns it with its stdout and
 // stderr, and the address of its HTTP server.
-func startRelay(t *testing.T, dsn string, args ...string) (*exec.Cmd, *lockedBuffer, *lockedBuffer, string) {
+func startRelay(t *testing.T, dsn string, args ...string) (*exec.Cmd, *logbuf.Buffer, *logbuf.Buffer, string) {
 	t.Helper()
 	return startRelayEnv(t, nil, dsn, args...)
 }
 
 // startRelayEnv is startRelay with variables added to the environment.
-func startRelayEnv(t *testing.T, env []string, dsn string, args ...string) (*exec.Cmd, *lockedBuffer, *lockedBuffer, string) {
+func startRelayEnv(t *testing.T, env []string, dsn string, args ...string) (*exec.Cmd, *logbuf.Buffer, *logbuf.Buffer, string) {
 	t.Helper()
 	cmd := exec.Command(binary, append([]string{"relay", "--dsn", dsn, "--http-addr", "127.0.0.1:0", "--log-format", "json"}, args...)...)
 	cmd.Env = cliEnv(env...)
-	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	stdout, stderr := &logbuf.Buffer{}, &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

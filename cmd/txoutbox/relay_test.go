@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/logbuf"
 )
 
 // scrape returns the samples of a Prometheus text exposition, keyed by
@@ -269,7 +270,7 @@ func TestSeveralRelays(t *testing.T) {
 			t.Fatal(err)
 		}
 		if code := exitCode(t, cmd, 30*time.Second); code != 0 {
-			t.Fatalf("relay %d exited %d:\n%s", i+1, code, []*lockedBuffer{err1, err2}[i].String())
+			t.Fatalf("relay %d exited %d:\n%s", i+1, code, []*logbuf.Buffer{err1, err2}[i].String())
 		}
 	}
 	ids1, ids2 := sinkIDs(t, out1.String()), sinkIDs(t, out2.String())
@@ -324,7 +325,7 @@ func TestOrderedRelays(t *testing.T) {
 			t.Fatal(err)
 		}
 		if code := exitCode(t, cmd, 30*time.Second); code != 0 {
-			t.Fatalf("relay %d exited %d:\n%s", i+1, code, []*lockedBuffer{err1, err2}[i].String())
+			t.Fatalf("relay %d exited %d:\n%s", i+1, code, []*logbuf.Buffer{err1, err2}[i].String())
 		}
 	}
 	if !strings.Contains(err1.String(), `"ordered":true`) {

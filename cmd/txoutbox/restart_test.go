@@ -21,6 +21,7 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
@@ -50,7 +51,7 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 			relayArgs := append([]string{"--mode", "log", "--broker", "log://", "--stats-interval", "100ms"}, modeArgs...)
 			type proc struct {
 				cmd    *exec.Cmd
-				stdout *lockedBuffer
+				stdout *logbuf.Buffer
 				addr   string
 			}
 			start := func() *proc {
@@ -96,8 +97,8 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 					produced.Add(1)
 				}
 			}()
-			var outputs []*lockedBuffer // of every relay process, killed or not
-			var kills []int             // index in outputs of each killed process
+			var outputs []*logbuf.Buffer // of every relay process, killed or not
+			var kills []int              // index in outputs of each killed process
 			var takeovers []time.Duration
 			var mu sync.Mutex
 			for _, p := range relays {

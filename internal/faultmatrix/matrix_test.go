@@ -33,6 +33,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/sqstest"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
@@ -56,7 +57,7 @@ type cell struct {
 	producers      *sql.DB
 	held           []*sql.Conn
 	relay          *exec.Cmd
-	relayLog       *lockedBuffer // the output of the latest relay process
+	relayLog       *logbuf.Buffer // the output of the latest relay process
 	// logAtInject is how much the relay had logged when the fault began.
 	logAtInject int
 	httpAddr    string // its /healthz and /metrics
@@ -581,7 +582,7 @@ func (c *cell) startRelay(t *testing.T) {
 		cmd.Args = append(cmd.Args, "--mode", "log", "--stream", c.slot)
 	}
 	cmd.Env = append(append(os.Environ(), "TXOUTBOX_DSN=", "TXOUTBOX_BROKER="), c.env...)
-	out := &lockedBuffer{}
+	out := &logbuf.Buffer{}
 	c.relayLog = out
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -632,7 +633,7 @@ func (c *cell) restartConsumer(t *testing.T) {
 	cmd.Env = append(os.Environ(), "FC_DSN="+c.inboxDSN, "FC_BROKER="+c.consumerBroker, "FC_GROUP="+c.consumerGroup,
 		"FC_CONSUMER="+c.consumerName, "FC_TOPIC="+c.consumerTopic)
 	cmd.Env = append(cmd.Env, c.consumerEnv...)
-	stderr := &lockedBuffer{}
+	stderr := &logbuf.Buffer{}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -952,24 +953,6 @@ func joinReports(rs []outboxtest.FaultReport) string {
 		lines[i] = r.String()
 	}
 	return strings.Join(lines, "\n")
-}
-
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // get returns the status and body of the relay's path.
