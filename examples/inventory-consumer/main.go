@@ -213,18 +213,30 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		return err
 	}
 	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond, Logger: watermill.NewSlogLogger(cfg.Log)}
-	router.AddMiddleware(middleware.Recoverer, poison, retry.Middleware, dedup)
-
-	var handled atomic.Int64
+	// The demo is done when every delivery of its orders (each is sent
+	// twice) has come back through the inbox: applied and committed, or
+	// skipped as a duplicate. The handler's own return comes before the
+	// inbox commits, so counting there would stop the demo, and roll
+	// back, an order still committing.
+	var handled, delivered atomic.Int64
 	done := make(chan struct{})
 	var doneOnce sync.Once
+	countDeliveries := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil && cfg.Demo && delivered.Add(1) >= 2*int64(cfg.Orders) {
+				doneOnce.Do(func() { close(done) })
+			}
+			return out, err
+		}
+	}
+	router.AddMiddleware(middleware.Recoverer, poison, retry.Middleware, countDeliveries, dedup)
+
 	router.AddConsumerHandler("decrement-stock", cfg.Topic, br.sub, func(msg *message.Message) error {
 		if err := decrementStock(msg); err != nil {
 			return err
 		}
-		if n := handled.Add(1); cfg.Demo && n >= int64(cfg.Orders) {
-			doneOnce.Do(func() { close(done) })
-		}
+		handled.Add(1)
 		return nil
 	})
 
@@ -252,8 +264,6 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		case <-time.After(time.Minute):
 			return errors.New("demo orders were not all consumed within a minute")
 		}
-		// Give the duplicates still in flight the time to be skipped.
-		time.Sleep(200 * time.Millisecond)
 		cancel()
 		if err := <-routerDone; err != nil {
 			return err

@@ -31,7 +31,7 @@ import (
 	"time"
 )
 
-// cancelRequestCode is the protocol's request code of a CancelRequest
+// cancelRequestCode is the protocol's request code of a cancel request
 // (1234 << 16 | 5678), sent after the message's length, 16.
 const cancelRequestCode = 80877102
 
