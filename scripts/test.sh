@@ -101,7 +101,7 @@ if [ -f "${TXOUTBOX_PGBOUNCER_GATE_LOG:-}" ]; then
 	echo "test.sh: the shared PgBouncer's gate kept $(grep -c 'dropped a cancel request' "$TXOUTBOX_PGBOUNCER_GATE_LOG") cancel requests from it (pgbouncer#822 in 1.18, see internal/cmd/pgbouncergate)" >&2
 fi
 if [ -s "${TXOUTBOX_PGBOUNCER_RESTARTS:-}" ]; then
-	echo "test.sh: the shared PgBouncer exited and services.sh's supervisor started it again (pgbouncer#822 in 1.18, see scripts/services.sh):" >&2
+	echo "test.sh: the shared PgBouncer exited and services.sh's supervisor started it again (its gate keeps pgbouncer#822's cancel requests from it, so look at its last FATAL; see scripts/services.sh):" >&2
 	cat "$TXOUTBOX_PGBOUNCER_RESTARTS" >&2
 fi
 if ! wait "$vuln"; then

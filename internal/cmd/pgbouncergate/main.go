@@ -16,8 +16,8 @@
 //
 // A cancel request is always the first and only message of its own
 // connection (PostgreSQL's frontend/backend protocol, "Canceling Requests
-// in Progress"), so one look at each connection's first eight bytes finds
-// them all.
+// in Progress"), so reading each connection's first message finds them
+// all; the gate then hands that message on whole and copies the rest.
 package main
 
 import (
