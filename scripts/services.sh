@@ -136,6 +136,10 @@ max_connections = 600
 innodb_buffer_pool_size = 256M
 innodb_flush_log_at_trx_commit = 1
 log-error = $dir/error.log
+# Its own temporary directory, not /tmp: a starting MariaDB deletes every
+# #sql* file in its tmpdir, and the tests start and crash MariaDB servers
+# of their own (internal/testenv) all through a run.
+tmpdir = $dir
 # The binlog, as production MySQL and MariaDB keep it for replicas and
 # point-in-time recovery: log mode (binlogrelay) streams it, and table mode
 # wakes its relay from it. Rows, full images, with the columns' names.

@@ -64,38 +64,35 @@ rm -f .services/cpu.log
 export TXOUTBOX_CPU_LOG="$ROOT/.services/cpu.log"
 cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 
-# Three lanes run beside one another from the start, with govulncheck
-# and go vet at the lowest CPU priority: the machine's two cores sit
-# half idle while tests wait on servers, sleeps and timeouts, so the
-# run's length is its longest lane, not the sum of the tests.
-#  - The fault matrix (internal/faultmatrix), the longest package and
-#    mostly waiting. Its cells hold faults for seconds and use their own
-#    servers, so four run at once instead of go test's default of
-#    GOMAXPROCS (two): the matrix's wall time halves.
-#  - The tests named *Outage*, which stop the broker: one package at a
-#    time, against the second RabbitMQ node (services.sh), so that no
-#    broker another test uses goes down.
-#  - Every other package, three test binaries at a time, the slowest
-#    first (go test starts packages in the order given), so that no long
-#    package starts last and runs alone.
+# The fault matrix (internal/faultmatrix), the longest package and mostly
+# waiting, runs beside the other tests from the start, and govulncheck
+# beside both at the lowest CPU priority: the machine's two cores sit half
+# idle while tests wait on servers, sleeps and timeouts. After the matrix,
+# in its lane, come the tests named *Outage*, which stop the broker: one
+# package at a time, against the second RabbitMQ node (services.sh), so
+# that no broker another test uses goes down. (They once ran after all the
+# other tests, adding about 200 s to every run.) More at once was tried
+# and failed: four matrix cells at a time, three test binaries and the
+# outage tests beside the matrix ran 19m45s instead of 21, and three
+# checks that wait for deliveries timed out on the loaded machine
+# (docs/reliability.md).
+# The other packages start slowest first (go test starts them in the
+# order given), so that no long package starts last and runs alone.
 slow=(./cmd/txoutbox ./adapters/sqlx ./adapters/gorm ./testing ./bench ./internal/pgbouncertest ./inbox/sqlinbox ./adapters/pgx ./archive ./logrelay ./examples/readme)
 others=$(go list ./... | grep -v '/internal/faultmatrix$' | sed "s|^$(go list -m)|.|" | grep -vxF -f <(printf '%s\n' "${slow[@]}"))
 # shellcheck disable=SC2086
-"${gotest[@]}" -timeout 20m -p 3 "${cpuexec[@]}" -json -skip 'Outage' "${slow[@]}" $others >.services/test.json 2>&1 &
+"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' "${slow[@]}" $others >.services/test.json 2>&1 &
 main=$!
-(
-	"${gotest[@]}" -timeout 20m -parallel 4 "${cpuexec[@]}" -json -skip 'Outage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
-	stage "fault matrix done"
-) &
-faults=$!
 outage=$(git grep -l '^func Test[A-Za-z]*Outage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
 (
+	"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
+	stage "fault matrix done"
 	# shellcheck disable=SC2086
 	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
 		"${gotest[@]}" -timeout 15m -p 1 "${cpuexec[@]}" -json -run 'Outage' $outage >.services/test-outage.json 2>&1 || true
 	stage "outage tests done"
 ) &
-outages=$!
+faults=$!
 nice -n 19 scripts/vulncheck.sh >.services/vulncheck.log 2>&1 &
 vuln=$!
 # go vet analyses the module (and, for its facts, every dependency) at the
@@ -105,7 +102,6 @@ vet=$!
 wait "$main" || true
 stage "other tests done"
 wait "$faults" || true
-wait "$outages" || true
 failed=0
 for r in .services/test.json .services/test-faults.json .services/test-outage.json; do
 	go run ./internal/cmd/testreport -top 0 <"$r" || failed=1

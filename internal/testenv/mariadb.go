@@ -55,6 +55,11 @@ innodb_buffer_pool_size = 64M
 innodb_log_file_size = 48M
 innodb_flush_log_at_trx_commit = 1
 log-error = %[1]s/error.log
+# Its own temporary directory: a starting MariaDB deletes every #sql* file
+# in its tmpdir (left over, it assumes, from its own crash), so servers
+# sharing /tmp removed each other's live temporary tables ("Error on delete
+# of '/tmp/#sql-update-....MAI' (Errcode: 2)" in a make test run).
+tmpdir = %[1]s
 log-bin = %[1]s/binlog
 binlog_format = ROW
 binlog_row_metadata = FULL
