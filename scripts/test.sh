@@ -24,9 +24,7 @@ fi
 # tests, go vet, govulncheck and the programs the tests build then reuse
 # that one compilation.
 mkdir -p .services
-# GOGC=400: the compiler's collector runs less often on this CPU-bound
-# machine (memory is plentiful; the compile is 300 s of its two cores).
-GOGC=400 go list -race -export -test -deps ./... >/dev/null 2>.services/build.log &
+go list -race -export -test -deps ./... >/dev/null 2>.services/build.log &
 build=$!
 scripts/services.sh start
 stage "services up"
@@ -76,12 +74,7 @@ cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 # outage tests beside the matrix ran 19m45s instead of 21, and three
 # checks that wait for deliveries timed out on the loaded machine
 # (docs/reliability.md).
-# The other packages start slowest first (go test starts them in the
-# order given), so that no long package starts last and runs alone.
-slow=(./cmd/txoutbox ./adapters/sqlx ./adapters/gorm ./testing ./bench ./internal/pgbouncertest ./inbox/sqlinbox ./adapters/pgx ./archive ./logrelay ./examples/readme)
-others=$(go list ./... | grep -v '/internal/faultmatrix$' | sed "s|^$(go list -m)|.|" | grep -vxF -f <(printf '%s\n' "${slow[@]}"))
-# shellcheck disable=SC2086
-"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' "${slow[@]}" $others >.services/test.json 2>&1 &
+"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' $(go list ./... | grep -v '/internal/faultmatrix$') >.services/test.json 2>&1 &
 main=$!
 outage=$(git grep -l '^func Test[A-Za-z]*Outage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
 (
