@@ -139,18 +139,19 @@ func New(store core.Store, pub core.Publisher, opts Options) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	repl, err := pgconn.ParseConfig(opts.ConnString)
+	pcfg, err := pgxpool.ParseConfig(opts.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("%w: logrelay: ConnString: %w", core.ErrInvalidOptions, err)
 	}
+	// The replication connection takes the DSN without the settings of
+	// pgx and pgxpool (default_query_exec_mode, pool_max_conns, ...),
+	// which pgx's own parsers remove: sent as startup parameters, the
+	// server would refuse them.
+	repl := pcfg.ConnConfig.Config.Copy()
 	repl.RuntimeParams["replication"] = "database"
 	repl.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(opts.ServerTimeout.Milliseconds(), 10)
 	if repl.RuntimeParams["application_name"] == "" {
 		repl.RuntimeParams["application_name"] = "txoutbox-log-relay"
-	}
-	pcfg, err := pgxpool.ParseConfig(opts.ConnString)
-	if err != nil {
-		return nil, fmt.Errorf("%w: logrelay: ConnString: %w", core.ErrInvalidOptions, err)
 	}
 	pcfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)

@@ -33,6 +33,15 @@ func classify(err error) (logstream.Verdict, string) {
 	return logstream.Lost, ""
 }
 
+// refusedByPooler tells PgBouncer's refusal of a replication connection.
+// PgBouncer refuses the first startup parameter it does not know, and
+// the startup message sends them in no set order, so "replication" is
+// one of several it may name (wal_sender_timeout, or one the user put in
+// the DSN); PostgreSQL itself words an unknown parameter otherwise.
+func refusedByPooler(err error) bool {
+	return strings.Contains(err.Error(), "unsupported startup parameter")
+}
+
 // session streams once: from connecting to the first error.
 func (r *Relay) session(ctx context.Context, started func()) error {
 	var start pglogrepl.LSN
@@ -59,8 +68,7 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 	}
 	conn, err := pgconn.ConnectConfig(ctx, r.repl)
 	if err != nil {
-		if strings.Contains(err.Error(), "unsupported startup parameter: replication") {
-			// PgBouncer refuses the replication protocol.
+		if refusedByPooler(err) {
 			return fmt.Errorf("%w: %w", ErrPooler, err)
 		}
 		return err
