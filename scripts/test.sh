@@ -102,7 +102,7 @@ done
 cat .services/test.json .services/test-faults.json .services/test-outage.json | go run ./internal/cmd/testreport -top 10 | sed -n '/^The [0-9]* slowest/,$p' || true
 .services/bin/cpuexec -report 10 <.services/cpu.log || true
 if [ -f "${TXOUTBOX_PGBOUNCER_GATE_LOG:-}" ]; then
-	echo "test.sh: the shared PgBouncer's gate kept $(grep -c 'dropped a cancel request' "$TXOUTBOX_PGBOUNCER_GATE_LOG") cancel requests from it (pgbouncer#822 in 1.18, see internal/cmd/pgbouncergate)" >&2
+	echo "test.sh: the shared PgBouncer's gate kept $(grep -c 'dropped a cancel request' "$TXOUTBOX_PGBOUNCER_GATE_LOG") cancel requests from it (pgbouncer#822 in 1.18, see internal/cancelgate)" >&2
 fi
 if [ -s "${TXOUTBOX_PGBOUNCER_RESTARTS:-}" ]; then
 	echo "test.sh: the shared PgBouncer exited and services.sh's supervisor started it again (its gate keeps pgbouncer#822's cancel requests from it, so look at its last FATAL; see scripts/services.sh):" >&2

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"fmt"
+	"log"
 	"net"
 	"net/url"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox/internal/cancelgate"
 )
 
 // PgBouncerDSN makes a fresh PostgreSQL database (as PostgresDSN) and
@@ -44,8 +47,9 @@ func PgBouncerDSN(t testing.TB, params ...string) (bouncer, direct string) {
 // installs), in transaction pooling mode in front of a PostgreSQL server,
 // which the test may stop and start again on the same port.
 type PgBouncer struct {
-	dir  string
-	port int
+	dir   string
+	port  int // the gate's, which clients dial
+	inner int // pgbouncer's own
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -65,9 +69,23 @@ func StartPgBouncer(t testing.TB, pgHostPort string) *PgBouncer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &PgBouncer{dir: dir, port: freePort(t)}
+	// Clients reach the bouncer through a cancel gate, as they reach the
+	// shared one: a cancel request can make PgBouncer 1.18 exit
+	// (internal/cancelgate).
+	gate, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateLog, err := os.Create(filepath.Join(dir, "gate.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &PgBouncer{dir: dir, port: gate.Addr().(*net.TCPAddr).Port, inner: freePort(t)}
+	go cancelgate.Serve(gate, fmt.Sprintf("127.0.0.1:%d", b.inner), log.New(gateLog, "", log.LstdFlags))
 	t.Cleanup(func() {
+		gate.Close()
 		b.signal(syscall.SIGKILL)
+		gateLog.Close()
 		os.RemoveAll(dir)
 	})
 	ini := fmt.Sprintf(`[databases]
@@ -84,7 +102,7 @@ default_pool_size = 20
 server_reset_query =
 ignore_startup_parameters = extra_float_digits
 logfile = %s/pgbouncer.log
-`, host, port, b.port, dir, dir)
+`, host, port, b.inner, dir, dir)
 	if err := os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -99,6 +117,13 @@ logfile = %s/pgbouncer.log
 // default_query_exec_mode=exec.
 func (b *PgBouncer) DSN(name string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&default_query_exec_mode=exec", b.port, name)
+}
+
+// GateLog returns what the bouncer's cancel gate logged: one line per
+// cancel request it kept from the bouncer.
+func (b *PgBouncer) GateLog() string {
+	log, _ := os.ReadFile(filepath.Join(b.dir, "gate.log"))
+	return string(log)
 }
 
 // Start starts the bouncer and waits (at most 30 s) until it takes
@@ -129,7 +154,7 @@ func (b *PgBouncer) Start(t testing.TB) {
 	b.mu.Unlock()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", b.port), time.Second)
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", b.inner), time.Second)
 		if err == nil {
 			c.Close()
 			return
@@ -148,7 +173,8 @@ func (b *PgBouncer) Start(t testing.TB) {
 }
 
 // Stop shuts the bouncer down at once (SIGTERM: its clients' connections
-// close) and waits until it is gone.
+// close) and waits until it is gone. Until Start, the gate takes new
+// connections and closes them at once.
 func (b *PgBouncer) Stop(t testing.TB) {
 	t.Helper()
 	if !b.signal(syscall.SIGTERM) {

@@ -1,4 +1,4 @@
-package main
+package cancelgate
 
 import (
 	"bytes"
@@ -26,7 +26,7 @@ func gate(t *testing.T) (addr string, bouncer net.Listener, logs *logbuf.Buffer)
 		t.Fatal(err)
 	}
 	logs = new(logbuf.Buffer)
-	go serve(l, bouncer.Addr().String(), log.New(logs, "", 0))
+	go Serve(l, bouncer.Addr().String(), log.New(logs, "", 0))
 	t.Cleanup(func() { l.Close(); bouncer.Close() })
 	return l.Addr().String(), bouncer, logs
 }
