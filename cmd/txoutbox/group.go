@@ -52,6 +52,11 @@ type outboxSpec struct {
 // outbox and the field, and nothing connects before the whole file is
 // valid.
 func loadGroupFile(path string, defaults relayFlags) ([]outboxSpec, error) {
+	return readGroupFile(path, func(s *outboxSpec, seen map[string]bool) error { return s.resolve(defaults, seen) })
+}
+
+// readGroupFile reads a --config file and checks each outbox with check.
+func readGroupFile(path string, check func(s *outboxSpec, seen map[string]bool) error) ([]outboxSpec, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, usagef("--config: %v", err)
@@ -72,14 +77,16 @@ func loadGroupFile(path string, defaults relayFlags) ([]outboxSpec, error) {
 		if s.Name != "" {
 			where = fmt.Sprintf("--config %s: outbox %q", path, s.Name)
 		}
-		if err := s.resolve(defaults, seen); err != nil {
+		if err := check(s, seen); err != nil {
 			return nil, usagef("%s: %v", where, err)
 		}
 	}
 	return gf.Outboxes, nil
 }
 
-func (s *outboxSpec) resolve(defaults relayFlags, seen map[string]bool) error {
+// resolveTable checks and resolves what names an outbox and where its
+// table is: what stats --config needs of the file.
+func (s *outboxSpec) resolveTable(seen map[string]bool) error {
 	switch {
 	case s.Name == "":
 		return fmt.Errorf("no name")
@@ -91,13 +98,7 @@ func (s *outboxSpec) resolve(defaults relayFlags, seen map[string]bool) error {
 	if s.dsn, err = fromEnv("dsn", s.DSN, s.DSNEnv); err != nil {
 		return err
 	}
-	if s.broker, err = fromEnv("broker", s.Broker, s.BrokerEnv); err != nil {
-		return err
-	}
 	if _, _, _, err := parseDSN(s.dsn); err != nil {
-		return err
-	}
-	if err := checkBrokerURL(s.broker); err != nil {
 		return err
 	}
 	if s.Table == "" {
@@ -105,6 +106,21 @@ func (s *outboxSpec) resolve(defaults relayFlags, seen map[string]bool) error {
 	}
 	if _, err := dialect.ValidateIdentifier(s.Table); err != nil {
 		return fmt.Errorf("table: %w", err)
+	}
+	return nil
+}
+
+// resolve checks and resolves everything the relay needs of an outbox.
+func (s *outboxSpec) resolve(defaults relayFlags, seen map[string]bool) error {
+	if err := s.resolveTable(seen); err != nil {
+		return err
+	}
+	var err error
+	if s.broker, err = fromEnv("broker", s.Broker, s.BrokerEnv); err != nil {
+		return err
+	}
+	if err := checkBrokerURL(s.broker); err != nil {
+		return err
 	}
 	if s.Mode != "" && s.Mode != "table" {
 		return fmt.Errorf("mode %q: a --config file relays outboxes in table mode; run a relay process of its own for a log-mode outbox (txoutbox relay --mode log)", s.Mode)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -145,5 +146,102 @@ func TestRelayConfigErrors(t *testing.T) {
 	r := run(t, "", nil, "relay", "--config", filepath.Join(dir, "empty.yaml"), "--broker", "log://")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "drop --broker") {
 		t.Errorf("--config with --broker: exit %d, %q", r.code, r.stderr)
+	}
+}
+
+// stats --config reads every outbox of a relay --config file under its
+// name, the others still when one's database is down, and --max-age names
+// the lagging ones.
+func TestStatsConfig(t *testing.T) {
+	t.Parallel()
+	a, b := newFixture(t), newFixture(t)
+	a.enqueue(t, "order.created", "a", 3)
+	a.exec(t, "UPDATE outbox_events SET created_at = now() - interval '10 minutes', next_attempt_at = now() - interval '10 minutes'")
+	b.enqueue(t, "order.paid", "b", 2)
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	// The brokers are the relay's business: stats needs neither them nor
+	// the variables that hold them.
+	healthy := `outboxes:
+  - name: tenant-a
+    dsn: ` + a.dsn + `
+    broker_env: TXOUTBOX_TEST_UNSET_BROKER
+  - name: tenant-b
+    dsn_env: TXOUTBOX_TEST_B_DSN
+    broker: log://
+`
+	conf := write("healthy.yaml", healthy)
+	env := []string{"TXOUTBOX_TEST_B_DSN=" + b.dsn}
+
+	r := run(t, "", env, "stats", "--config", conf)
+	if r.code != 0 {
+		t.Fatalf("stats --config: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	blocks := strings.Split(strings.TrimSpace(r.stdout), "\n\n")
+	if len(blocks) != 2 || !strings.HasPrefix(blocks[0], "OUTBOX tenant-a (table outbox_events)\n") || !strings.HasPrefix(blocks[1], "OUTBOX tenant-b (table outbox_events)\n") {
+		t.Fatalf("stats --config, table:\n%s", r.stdout)
+	}
+	for i, want := range []string{"TOTAL 3 10m", "TOTAL 2"} {
+		var total string
+		for _, line := range strings.Split(blocks[i], "\n") {
+			if strings.HasPrefix(line, "TOTAL") {
+				total = strings.Join(strings.Fields(line), " ")
+			}
+		}
+		if !strings.HasPrefix(total, want) {
+			t.Errorf("outbox %d: total line %q, want it to begin %q", i+1, total, want)
+		}
+	}
+
+	r = run(t, "", env, "stats", "--config", conf, "--max-age", "5m")
+	if r.code != exitLagging || !strings.Contains(r.stderr, "lagging: tenant-a (--max-age 5m0s)") {
+		t.Fatalf("stats --config --max-age 5m with tenant-a's events 10m old: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := run(t, "", env, "stats", "--config", conf, "--max-age", "1h"); r.code != 0 {
+		t.Fatalf("stats --config --max-age 1h: exit %d\n%s", r.code, r.stderr)
+	}
+
+	// One database down: reported under its name, the others still read,
+	// and the exit status says something failed.
+	down := write("down.yaml", healthy+`  - name: tenant-down
+    dsn: postgres://nobody:secret@127.0.0.1:1/none?connect_timeout=1
+    broker: log://
+`)
+	r = run(t, "", env, "stats", "--config", down, "--format", "json")
+	if r.code != exitError || !strings.Contains(r.stderr, "1 of 3 outboxes could not be read: tenant-down") {
+		t.Fatalf("stats --config with a database down: exit %d\n%s", r.code, r.stderr)
+	}
+	if strings.Contains(r.stdout+r.stderr, "secret") {
+		t.Errorf("stats --config printed a DSN's password:\n%s%s", r.stdout, r.stderr)
+	}
+	var got struct {
+		Outboxes []struct {
+			Name    string                   `json:"name"`
+			Error   string                   `json:"error"`
+			Pending *int64                   `json:"pending"`
+			ByType  map[string]typeStatsJSON `json:"by_type"`
+		} `json:"outboxes"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("%v\n%s", err, r.stdout)
+	}
+	o := got.Outboxes
+	if len(o) != 3 || o[0].Name != "tenant-a" || o[0].Pending == nil || *o[0].Pending != 3 || o[0].ByType["order.created"].Pending != 3 ||
+		o[1].Name != "tenant-b" || o[1].Pending == nil || *o[1].Pending != 2 || o[1].Error != "" ||
+		o[2].Name != "tenant-down" || !strings.Contains(o[2].Error, "connect to") || o[2].Pending != nil {
+		t.Fatalf("stats --config --format json:\n%s", r.stdout)
+	}
+
+	// A file that names no DSN is refused before anything connects.
+	bad := write("bad.yaml", "outboxes:\n  - name: nodsn\n    broker: log://\n")
+	if r := run(t, "", nil, "stats", "--config", bad); r.code != exitUsage || !strings.Contains(r.stderr, `outbox "nodsn": no dsn`) {
+		t.Fatalf("stats --config with an outbox without a DSN: exit %d\n%s", r.code, r.stderr)
 	}
 }

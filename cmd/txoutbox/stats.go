@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -56,6 +57,7 @@ func (a *app) statsCommand() *cobra.Command {
 		format string
 		maxAge time.Duration
 		slot   string
+		config string
 	)
 	cmd := &cobra.Command{
 		Use:   "stats",
@@ -74,9 +76,17 @@ In log mode (PostgreSQL; 'txoutbox log --help') the table holds only the
 events whose publish failed: the others are pending in the slot until the
 relay confirms them. stats then also shows the slot (--slot): whether a relay
 streams it, the WAL not yet confirmed, and the confirmed position's lag, which
---max-age also checks.`,
+--max-age also checks.
+
+With --config FILE (the file of 'txoutbox relay --config'), stats reads every
+outbox the file lists, each under its name; the DSNs and tables come from the
+file, the brokers and relay options in it are not read. An outbox whose
+database does not answer is reported as such and the others are still read;
+stats then exits with status 1. The JSON form is {"outboxes": [{"name": ...,
+"error": ..., and the fields above}]}.`,
 		Example: `  txoutbox stats
   txoutbox stats --format json | jq '.by_type["order.created"].pending'
+  txoutbox stats --config outboxes.yaml --max-age 5m
 
   # Fail a health check when anything has waited more than 5 minutes:
   txoutbox stats --max-age 5m > /dev/null || page-someone`,
@@ -84,6 +94,9 @@ streams it, the WAL not yet confirmed, and the confirmed position's lag, which
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if format != "table" && format != "json" {
 				return usagef("--format %q: want table or json", format)
+			}
+			if config != "" {
+				return a.groupStats(cmd.Context(), config, format, maxAge)
 			}
 			db, ob, err := a.openOutbox(cmd.Context())
 			if err != nil {
@@ -121,7 +134,93 @@ streams it, the WAL not yet confirmed, and the confirmed position's lag, which
 	cmd.Flags().StringVar(&format, "format", "table", "output format: table or json")
 	cmd.Flags().DurationVar(&maxAge, "max-age", 0, "exit with status 3 when the oldest pending event is older (0: never)")
 	cmd.Flags().StringVar(&slot, "slot", logrelay.DefaultSlot, "log mode: the replication slot to report on")
+	cmd.Flags().StringVar(&config, "config", "", "read every outbox of this relay --config file instead of --dsn's")
 	return cmd
+}
+
+// outboxStatsJSON is one outbox of stats --config --format json: its
+// stats, or the error that kept them from being read.
+type outboxStatsJSON struct {
+	Name  string `json:"name"`
+	Error string `json:"error,omitempty"`
+	*statsJSON
+}
+
+// groupStats is stats --config: every outbox of the file, one after the
+// other, each read even when another's database is down.
+func (a *app) groupStats(ctx context.Context, path, format string, maxAge time.Duration) error {
+	specs, err := readGroupFile(path, (*outboxSpec).resolveTable)
+	if err != nil {
+		return err
+	}
+	var failed, lagging []string
+	out := make([]outboxStatsJSON, len(specs))
+	stats := make([]core.Stats, len(specs))
+	for i, spec := range specs {
+		out[i].Name = spec.Name
+		st, err := a.outboxStats(ctx, spec)
+		if err != nil {
+			failed = append(failed, spec.Name)
+			out[i].Error = err.Error()
+			a.log.Error("txoutbox: stats: cannot read an outbox", "outbox", spec.Name, "error", err)
+			continue
+		}
+		stats[i] = st
+		j := statsToJSON(st, nil)
+		out[i].statsJSON = &j
+		if maxAge > 0 && st.Pending > 0 && st.OldestPendingAge > maxAge {
+			lagging = append(lagging, spec.Name)
+			a.log.Warn("txoutbox: outbox is lagging", "outbox", spec.Name, "oldest_pending_age", st.OldestPendingAge, "max_age", maxAge, "pending", st.Pending)
+		}
+	}
+	if format == "json" {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(struct {
+			Outboxes []outboxStatsJSON `json:"outboxes"`
+		}{out})
+	} else {
+		for i, o := range out {
+			if i > 0 {
+				fmt.Fprintln(a.stdout)
+			}
+			fmt.Fprintf(a.stdout, "OUTBOX %s (table %s)\n", o.Name, specs[i].Table)
+			if o.Error != "" {
+				fmt.Fprintf(a.stdout, "error: %s\n", o.Error)
+				continue
+			}
+			if err = writeStatsTable(a.stdout, stats[i], nil); err != nil {
+				break
+			}
+		}
+	}
+	switch {
+	case err != nil:
+		return err
+	case len(failed) > 0:
+		return fmt.Errorf("read stats: %d of %d outboxes could not be read: %s", len(failed), len(specs), strings.Join(failed, ", "))
+	case len(lagging) > 0:
+		return fmt.Errorf("%w: %s (--max-age %s)", ErrLagging, strings.Join(lagging, ", "), maxAge)
+	}
+	return nil
+}
+
+// outboxStats reads one outbox of a --config file, its connection
+// opened for it and closed after.
+func (a *app) outboxStats(ctx context.Context, spec outboxSpec) (core.Stats, error) {
+	db, err := openDatabase(ctx, spec.dsn)
+	if err != nil {
+		return core.Stats{}, err
+	}
+	defer db.Close()
+	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: spec.Table, Logger: a.log})
+	if err != nil {
+		return core.Stats{}, err
+	}
+	if err := ob.Ping(ctx); err != nil {
+		return core.Stats{}, err
+	}
+	return ob.Stats(ctx)
 }
 
 // logModeStats returns the slot's state when the table is in log mode
@@ -159,6 +258,12 @@ func slotJSON(st logrelay.SlotStatus) logStatsJSON {
 }
 
 func writeStatsJSON(w io.Writer, s core.Stats, lm *logStatsJSON) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(statsToJSON(s, lm))
+}
+
+func statsToJSON(s core.Stats, lm *logStatsJSON) statsJSON {
 	out := statsJSON{
 		Pending: s.Pending, OldestPendingAgeSeconds: s.OldestPendingAge.Seconds(), Dead: s.Dead, Scheduled: s.Scheduled,
 		ByType: make(map[string]typeStatsJSON, len(s.ByType)), LogMode: lm,
@@ -170,9 +275,7 @@ func writeStatsJSON(w io.Writer, s core.Stats, lm *logStatsJSON) error {
 	for name, ts := range s.ByType {
 		out.ByType[name] = typeStatsJSON{Pending: ts.Pending, OldestPendingAgeSeconds: ts.OldestPendingAge.Seconds(), Dead: ts.Dead, Scheduled: ts.Scheduled}
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return out
 }
 
 func writeStatsTable(w io.Writer, s core.Stats, lm *logStatsJSON) error {
