@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -42,6 +43,10 @@ type outboxSpec struct {
 	PollInterval *string `yaml:"poll_interval" json:"poll_interval,omitempty"`
 	Ordering     *string `yaml:"ordering" json:"ordering,omitempty"`
 	MaxAttempts  *int    `yaml:"max_attempts" json:"max_attempts,omitempty"`
+	// Log mode: PostgreSQL's slot and publication, MySQL's stream.
+	Slot        string `yaml:"slot" json:"slot,omitempty"`
+	Publication string `yaml:"publication" json:"publication,omitempty"`
+	Stream      string `yaml:"stream" json:"stream,omitempty"`
 
 	// Resolved by loadGroupFile.
 	dsn, broker string
@@ -52,7 +57,24 @@ type outboxSpec struct {
 // outbox and the field, and nothing connects before the whole file is
 // valid.
 func loadGroupFile(path string, defaults relayFlags) ([]outboxSpec, error) {
-	return readGroupFile(path, func(s *outboxSpec, seen map[string]bool) error { return s.resolve(defaults, seen) })
+	specs, err := readGroupFile(path, func(s *outboxSpec, seen map[string]bool) error { return s.resolve(defaults, seen) })
+	if err != nil {
+		return nil, err
+	}
+	// Two log-mode outboxes read by one slot (or stream) of one database
+	// would take turns: one streams, the other stands by for good.
+	readers := map[string]string{}
+	for _, s := range specs {
+		if s.Mode != "log" {
+			continue
+		}
+		key := s.dsn + "\x00" + s.Slot + "\x00" + s.Stream
+		if other, ok := readers[key]; ok {
+			return nil, usagef("--config %s: outboxes %q and %q are in log mode on one database with one slot (or stream): give each its own slot: (PostgreSQL) or stream: (MySQL)", path, other, s.Name)
+		}
+		readers[key] = s.Name
+	}
+	return specs, nil
 }
 
 // readGroupFile reads a --config file and checks each outbox with check.
@@ -122,8 +144,21 @@ func (s *outboxSpec) resolve(defaults relayFlags, seen map[string]bool) error {
 	if err := checkBrokerURL(s.broker); err != nil {
 		return err
 	}
-	if s.Mode != "" && s.Mode != "table" {
-		return fmt.Errorf("mode %q: a --config file relays outboxes in table mode; run a relay process of its own for a log-mode outbox (txoutbox relay --mode log)", s.Mode)
+	switch s.Mode {
+	case "", "table":
+		s.Mode = "table"
+		if s.Slot != "" || s.Publication != "" || s.Stream != "" {
+			return fmt.Errorf("slot, publication and stream are log mode's: add mode: log")
+		}
+	case "log":
+		if _, _, d, _ := parseDSN(s.dsn); d != dialect.Postgres && d != dialect.MySQL {
+			return fmt.Errorf("mode log needs PostgreSQL (logical replication) or MySQL/MariaDB (the binlog); %s has neither", d.Name())
+		}
+		s.Slot = cmp.Or(s.Slot, defaults.slot)
+		s.Publication = cmp.Or(s.Publication, defaults.publication)
+		s.Stream = cmp.Or(s.Stream, defaults.stream)
+	default:
+		return fmt.Errorf("mode %q: want table or log", s.Mode)
 	}
 	f := defaults
 	if s.BatchSize != nil {
@@ -319,18 +354,38 @@ func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, reg *prome
 		return err
 	}
 	defer reg.Unregister(met)
-	relay, err := core.NewRelay(met.Store(ob), met.Publisher(pub), core.RelayOptions{
+	ropts := core.RelayOptions{
 		BatchSize: f.batchSize, PollInterval: f.pollInterval, Concurrency: f.concurrency,
 		ShutdownTimeout: f.shutdownTimeout, PublishTimeout: publishTimeout(f.publishTimeout),
 		Retry:    core.RetryPolicy{MaxAttempts: f.maxAttempts, InitialBackoff: f.initialBackoff, MaxBackoff: f.maxBackoff},
 		Logger:   log,
 		Ordering: orderingModes[f.ordering],
 		Ordered:  core.OrderedOptions{PartitionCount: f.partitions},
-	})
-	if err != nil {
-		return err
 	}
-	mon, err := core.NewMonitor(ob, met.MonitorOptions(core.MonitorOptions{Interval: f.statsInterval, Logger: log}))
+	var (
+		relay  *core.Relay
+		runner relayRunner
+		stats  core.StatsReader = ob
+	)
+	if s.Mode == "log" {
+		// Its stream's metrics carry the outbox label too, and go when it
+		// stops, as its others do.
+		lreg := &memberRegisterer{reg: prometheus.WrapRegistererWith(prometheus.Labels{"outbox": s.Name}, reg)}
+		defer lreg.unregisterAll()
+		lr, err := newLogRelay(s.dsn, db.dialect, logrelayNames{table: s.Table, slot: s.Slot, publication: s.Publication, stream: s.Stream},
+			met.Store(ob), met.Publisher(pub), ropts, lreg, log)
+		if err != nil {
+			return err
+		}
+		relay, runner, stats = lr.table, lr.runner, lr.stats
+		defer func(start time.Time) { lr.stopped(time.Since(start).Round(time.Millisecond)) }(time.Now())
+	} else {
+		if relay, err = core.NewRelay(met.Store(ob), met.Publisher(pub), ropts); err != nil {
+			return err
+		}
+		runner = relay
+	}
+	mon, err := core.NewMonitor(stats, met.MonitorOptions(core.MonitorOptions{Interval: f.statsInterval, Logger: log}))
 	if err != nil {
 		return err
 	}
@@ -338,9 +393,47 @@ func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, reg *prome
 	monDone := make(chan struct{})
 	go func() { defer close(monDone); _ = mon.Run(mctx) }()
 	defer func() { stopMon(); <-monDone }()
-	log.Info("txoutbox: relay started", "database", db.redacted, "table", s.Table, "broker", redact(s.broker),
+	log.Info("txoutbox: relay started", "database", db.redacted, "table", s.Table, "broker", redact(s.broker), "mode", s.Mode,
 		"batch_size", f.batchSize, "concurrency", f.concurrency, "ordered", relay.Ordered())
-	return relay.Run(ctx)
+	return runner.Run(ctx)
+}
+
+// memberRegisterer registers a group member's collectors and unregisters
+// them all when the member stops, so that a restarted or removed member
+// leaves none behind.
+type memberRegisterer struct {
+	reg prometheus.Registerer
+	mu  sync.Mutex
+	cs  []prometheus.Collector
+}
+
+func (m *memberRegisterer) Register(c prometheus.Collector) error {
+	if err := m.reg.Register(c); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.cs = append(m.cs, c)
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *memberRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := m.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (m *memberRegisterer) Unregister(c prometheus.Collector) bool { return m.reg.Unregister(c) }
+
+func (m *memberRegisterer) unregisterAll() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range m.cs {
+		m.reg.Unregister(c)
+	}
+	m.cs = nil
 }
 
 // groupCollector exports the group's members: running or waiting to

@@ -1,15 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox/internal/mysqldsn"
+	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/logrelay"
 )
 
 // relay --config relays every outbox of the file in one process; an
@@ -122,14 +128,18 @@ func TestRelayConfigErrors(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	for name, tc := range map[string]struct{ file, want string }{
-		"empty":        {"outboxes: []\n", "lists no outboxes"},
-		"unknown key":  {"outboxes:\n  - name: a\n    dsn: postgres://h/db\n    broker: log://\n    brokr: x\n", "brokr"},
-		"no name":      {"outboxes:\n  - dsn: postgres://h/db\n    broker: log://\n", "no name"},
-		"twice":        {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://'}\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://'}\n", `outbox "a": the name is used twice`},
-		"both dsns":    {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', dsn_env: X, broker: 'log://'}\n", "both dsn and dsn_env"},
-		"env unset":    {"outboxes:\n  - {name: a, dsn_env: TXOUTBOX_TEST_UNSET_DSN, broker: 'log://'}\n", "TXOUTBOX_TEST_UNSET_DSN is not set"},
-		"bad broker":   {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'ftp://x'}\n", `outbox "a"`},
-		"log mode":     {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://', mode: log}\n", "relay process of its own"},
+		"empty":       {"outboxes: []\n", "lists no outboxes"},
+		"unknown key": {"outboxes:\n  - name: a\n    dsn: postgres://h/db\n    broker: log://\n    brokr: x\n", "brokr"},
+		"no name":     {"outboxes:\n  - dsn: postgres://h/db\n    broker: log://\n", "no name"},
+		"twice":       {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://'}\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://'}\n", `outbox "a": the name is used twice`},
+		"both dsns":   {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', dsn_env: X, broker: 'log://'}\n", "both dsn and dsn_env"},
+		"env unset":   {"outboxes:\n  - {name: a, dsn_env: TXOUTBOX_TEST_UNSET_DSN, broker: 'log://'}\n", "TXOUTBOX_TEST_UNSET_DSN is not set"},
+		"bad broker":  {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'ftp://x'}\n", `outbox "a"`},
+		"bad mode":    {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://', mode: stream}\n", `mode "stream": want table or log`},
+		"log, sqlite": {"outboxes:\n  - {name: a, dsn: 'sqlite:x.db', broker: 'log://', mode: log}\n", "mode log needs PostgreSQL"},
+		"slot, table": {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://', slot: s}\n", "add mode: log"},
+		"one slot": {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://', mode: log}\n  - {name: b, dsn: 'postgres://h/db', table: b, broker: 'log://', mode: log}\n",
+			`outboxes "a" and "b" are in log mode on one database with one slot`},
 		"bad table":    {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://', table: 'x;drop'}\n", "table"},
 		"batch size":   {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://', batch_size: 0}\n", "--batch-size 0"},
 		"bad duration": {"outboxes:\n  - {name: a, dsn: 'postgres://h/db', broker: 'log://', poll_interval: soon}\n", "poll_interval"},
@@ -244,4 +254,76 @@ func TestStatsConfig(t *testing.T) {
 	if r := run(t, "", nil, "stats", "--config", bad); r.code != exitUsage || !strings.Contains(r.stderr, `outbox "nodsn": no dsn`) {
 		t.Fatalf("stats --config with an outbox without a DSN: exit %d\n%s", r.code, r.stderr)
 	}
+}
+
+// A --config file mixes modes: an outbox streamed from its PostgreSQL
+// slot, one from its MySQL stream, one claimed from its table, in one
+// process, each stream's metrics under its outbox's name.
+func TestRelayConfigLogMode(t *testing.T) {
+	t.Parallel()
+	suffix := testenv.RandomSuffix()
+	pgDSN := testenv.PostgresDSN(t)
+	slot := "grp_" + suffix
+	t.Cleanup(func() { // before the database is dropped
+		_ = logrelay.Teardown(context.Background(), pgDSN, logrelay.Names{Slot: slot, Publication: slot}, logrelay.TeardownOptions{Force: true})
+	})
+	ok(t, pgDSN, "migrate", "--mode", "log", "--slot", slot, "--publication", slot)
+	pgLog := openFixture(t, "pgx", pgDSN, pgDSN)
+
+	driverDSN := testenv.MySQLDSN(t)
+	cfg, err := mysqldsn.Config(driverDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	myDSN := "mysql://" + url.UserPassword(cfg.User, cfg.Passwd).String() + "@" + cfg.Addr + "/" + cfg.DBName
+	stream := "grp_" + suffix
+	ok(t, myDSN, "migrate", "--mode", "log", "--stream", stream)
+	myLog := openFixture(t, "mysql", driverDSN, myDSN)
+
+	table := newFixture(t)
+	conf := filepath.Join(t.TempDir(), "outboxes.yaml")
+	if err := os.WriteFile(conf, []byte(`outboxes:
+  - name: pg-log
+    dsn: `+pgDSN+`
+    broker: log://
+    mode: log
+    slot: `+slot+`
+    publication: `+slot+`
+  - name: my-log
+    dsn: `+myDSN+`
+    broker: log://
+    mode: log
+    stream: `+stream+`
+  - name: pg-table
+    dsn: `+table.dsn+`
+    broker: log://
+    poll_interval: 100ms
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, stdout, stderr, addr := startRelayEnv(t, nil, table.dsn, "--config", conf, "--stats-interval", "100ms")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the relay's log:\n%s", stderr.String())
+		}
+	})
+	evs := append(append(pgLog.enqueue(t, "order.created", "a", 10), myLog.enqueue(t, "order.created", "b", 10)...), table.enqueue(t, "order.created", "c", 10)...)
+	waitFor(t, 30*time.Second, "the events of the three outboxes", func() bool { return len(sinkIDs(t, stdout.String())) >= len(evs) })
+	got := idSet(nil)
+	for _, id := range sinkIDs(t, stdout.String()) {
+		got[id] = true
+	}
+	for _, ev := range evs {
+		if !got[ev.ID] {
+			t.Fatalf("event %s (aggregate %s) not published\n%s", ev.ID, ev.AggregateID, stderr.String())
+		}
+	}
+	if pgLog.count(t, "true") != 0 || myLog.count(t, "published_at IS NULL") != 0 {
+		t.Error("a log-mode outbox's events went through its table")
+	}
+	waitFor(t, 10*time.Second, "each stream's metrics under its outbox", func() bool {
+		m := scrape(t, addr)
+		return m[`txoutbox_log_streaming{outbox="pg-log"}`] == 1 && m[`txoutbox_log_published_total{outbox="pg-log"}`] == 10 &&
+			m[`txoutbox_log_streaming{outbox="my-log"}`] == 1 && m[`txoutbox_log_published_total{outbox="my-log"}`] == 10
+	})
 }

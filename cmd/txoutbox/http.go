@@ -49,30 +49,45 @@ func registerHealthMetrics(reg prometheus.Registerer, r interface{ Health() core
 	)
 }
 
-// registerLogMetrics exports log mode's stream and slot: whether this
-// process streams, what the slot retains, and the stream's totals.
-func registerLogMetrics(reg prometheus.Registerer, r *logrelay.Relay) {
-	gauge := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
+func logGauge(name, help string, f func() float64) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
+}
+
+func boolGauge(v bool) float64 {
+	if v {
+		return 1
 	}
+	return 0
+}
+
+// streamMetrics are the metrics both log modes have, with one help text
+// each: a relay group may run outboxes of both in one registry.
+func streamMetrics(streaming func() bool, counters func() logrelay.Counters) []prometheus.Collector {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
 	}
-	b := func(v bool) float64 {
-		if v {
-			return 1
-		}
-		return 0
+	return []prometheus.Collector{
+		logGauge("streaming", "1 while this relay streams the slot (or binlog), 0 while it stands by or reconnects.", func() float64 { return boolGauge(streaming()) }),
+		counter("published_total", "Events published from the stream.", func() float64 { return float64(counters().Published) }),
+		counter("table_writes_total", "Events the stream handed to the table's retry path (failed, or held behind a failed one).",
+			func() float64 { return float64(counters().TableWrites) }),
+		counter("stream_starts_total", "Times this relay started streaming (start, reconnections, takeovers).",
+			func() float64 { return float64(counters().Streams) }),
 	}
+}
+
+// registerLogMetrics exports log mode's stream and slot: whether this
+// process streams, what the slot retains, and the stream's totals.
+func registerLogMetrics(reg prometheus.Registerer, r *logrelay.Relay) {
+	reg.MustRegister(streamMetrics(r.Streaming, r.Counters)...)
 	reg.MustRegister(
-		gauge("streaming", "1 while this relay streams the slot, 0 while it stands by or reconnects.", func() float64 { return b(r.Streaming()) }),
-		gauge("retained_wal_bytes", "WAL the slot keeps the server from removing (at the latest stats check).",
+		logGauge("retained_wal_bytes", "WAL the slot keeps the server from removing (at the latest stats check).",
 			func() float64 { return float64(r.LastSlotStatus().RetainedBytes) }),
-		gauge("unconfirmed_wal_bytes", "WAL written since the slot's confirmed position (at the latest stats check).",
+		logGauge("unconfirmed_wal_bytes", "WAL written since the slot's confirmed position (at the latest stats check).",
 			func() float64 { return float64(r.LastSlotStatus().UnconfirmedBytes) }),
-		gauge("slot_invalidated", "1 when the server invalidated the slot (wal_status lost): events may be missing.",
-			func() float64 { return b(r.LastSlotStatus().Invalidated) }),
-		gauge("confirmed_lag_seconds", "How long ago the WAL at the slot's confirmed position was written, as the streaming walsender measures it; -1 when no relay streams (at the latest stats check).",
+		logGauge("slot_invalidated", "1 when the server invalidated the slot (wal_status lost): events may be missing.",
+			func() float64 { return boolGauge(r.LastSlotStatus().Invalidated) }),
+		logGauge("confirmed_lag_seconds", "How long ago the WAL at the slot's confirmed position was written, as the streaming walsender measures it; -1 when no relay streams (at the latest stats check).",
 			func() float64 {
 				st := r.LastSlotStatus()
 				if st.ConfirmedAge < 0 {
@@ -80,11 +95,6 @@ func registerLogMetrics(reg prometheus.Registerer, r *logrelay.Relay) {
 				}
 				return st.ConfirmedAge.Seconds()
 			}),
-		counter("published_total", "Events published from the stream.", func() float64 { return float64(r.Counters().Published) }),
-		counter("table_writes_total", "Events the stream wrote to the table's retry path (failed, or held behind a failed one).",
-			func() float64 { return float64(r.Counters().TableWrites) }),
-		counter("stream_starts_total", "Times this relay started streaming the slot (start, reconnections, takeovers).",
-			func() float64 { return float64(r.Counters().Streams) }),
 	)
 }
 
@@ -92,31 +102,16 @@ func registerLogMetrics(reg prometheus.Registerer, r *logrelay.Relay) {
 // whether this process streams, how far the stored position is behind the
 // server's binlog, whether its file was purged, and the stream's totals.
 func registerBinlogMetrics(reg prometheus.Registerer, r *binlogrelay.Relay) {
-	gauge := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
-	}
-	counter := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
-	}
-	b := func(v bool) float64 {
-		if v {
-			return 1
-		}
-		return 0
-	}
+	reg.MustRegister(streamMetrics(r.Streaming, func() logrelay.Counters { return logrelay.Counters(r.Counters()) })...)
 	reg.MustRegister(
-		gauge("streaming", "1 while this relay streams, 0 while it stands by or reconnects.", func() float64 { return b(r.Streaming()) }),
-		gauge("behind_binlog_bytes", "Binlog written since the stream's stored position (at the latest stats check).",
+		logGauge("behind_binlog_bytes", "Binlog written since the stream's stored position (at the latest stats check).",
 			func() float64 { return float64(r.LastStatus().BehindBytes) }),
-		gauge("position_lag_seconds", "How long the stream has stored no position while the binlog has more than its own writes after it (at the latest stats check).",
+		logGauge("position_lag_seconds", "How long the stream has stored no position while the binlog has more than its own writes after it (at the latest stats check).",
 			func() float64 { return r.LastStatus().Lag.Seconds() }),
-		gauge("binlog_purged", "1 when the server purged the binlog file of the stream's position: run txoutbox log recover.",
-			func() float64 { return b(r.BinlogPurged() || (r.LastStatus().Exists && !r.LastStatus().FilesHeld)) }),
-		counter("published_total", "Events published from the stream.", func() float64 { return float64(r.Counters().Published) }),
-		counter("table_writes_total", "Events the stream handed to the table's retry path (failed, or held behind a failed one).",
-			func() float64 { return float64(r.Counters().TableWrites) }),
-		counter("stream_starts_total", "Times this relay started streaming (start, reconnections, takeovers).",
-			func() float64 { return float64(r.Counters().Streams) }),
+		logGauge("binlog_purged", "1 when the server purged the binlog file of the stream's position: run txoutbox log recover.",
+			func() float64 {
+				return boolGauge(r.BinlogPurged() || (r.LastStatus().Exists && !r.LastStatus().FilesHeld))
+			}),
 	)
 }
 

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
@@ -33,16 +31,7 @@ func TestLogMode(t *testing.T) {
 		_ = logrelay.Teardown(context.Background(), dsn, names, logrelay.TeardownOptions{Force: true})
 	})
 	ok(t, dsn, "migrate", "--mode", "log", "--slot", slot, "--publication", slot)
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{dsn: dsn, db: db, ob: ob}
+	f := openFixture(t, "pgx", dsn, dsn)
 	evs := f.enqueue(t, "order.created", "o-1", 30)
 	if evs[0].Seq != 0 || f.count(t, "true") != 0 {
 		t.Fatal("the events were written to the table: the trigger is not in place")
@@ -158,16 +147,7 @@ func TestLogModeMySQL(t *testing.T) {
 	if !strings.Contains(r.stdout, "stream "+stream) {
 		t.Errorf("migrate --mode log does not name the stream:\n%s", r.stdout)
 	}
-	db, err := sql.Open("mysql", driverDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{dsn: dsn, db: db, ob: ob}
+	f := openFixture(t, "mysql", driverDSN, dsn)
 	evs := f.enqueue(t, "order.created", "o-1", 30)
 	if f.count(t, "published_at IS NULL") != 0 {
 		t.Fatal("the events were born for the table relay: published_at's default is not in place")

@@ -109,16 +109,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	dsn := testenv.PostgresDSN(t)
 	ok(t, dsn, "migrate")
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &fixture{dsn: dsn, db: db, ob: ob}
+	return openFixture(t, "pgx", dsn, dsn)
 }
 
 // enqueue commits n events of eventType for aggregate agg, as a producer
@@ -182,6 +173,22 @@ func sinkIDs(t *testing.T, out string) []string {
 		ids = append(ids, l.EventID)
 	}
 	return ids
+}
+
+// openFixture is the fixture of a migrated outbox: the driver and its
+// DSN to write through, and the CLI's DSN of the same database.
+func openFixture(t *testing.T, driver, driverDSN, cliDSN string) *fixture {
+	t.Helper()
+	db, err := sql.Open(driver, driverDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ob, err := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{dsn: cliDSN, db: db, ob: ob}
 }
 
 func idSet(evs []core.Event) map[string]bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -98,7 +99,10 @@ concurrency, poll_interval, ordering and max_attempts; unset fields take this
 command's flags. One outbox's database or broker being down holds up no
 other, and SIGHUP reloads the file (new outboxes start, removed ones stop,
 changed ones restart; a broken file is refused and logged). Outboxes on one
-DSN share its connection pool. Table mode only; see the README.
+DSN share its connection pool. An outbox with mode: log is streamed as --mode
+log does, from its slot and publication (PostgreSQL) or stream (MySQL), which
+default to this command's flags; two log-mode outboxes of one database need
+a slot (or stream) each. See the README.
 
 A relay started while the database or the broker is down waits for them,
 retrying with backoff (one log line when a dependency is down, one when it
@@ -220,7 +224,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		case f.broker != "":
 			return usagef("--config lists each outbox's broker: drop --broker (and %s)", envName("broker"))
 		case f.mode != "table", f.drain, f.console.addr != "", f.cleanupInterval > 0:
-			return usagef("--config relays outboxes in table mode, without --drain, --console-addr or --cleanup-interval (run those per outbox)")
+			return usagef("--config sets each outbox's mode in the file (mode: log), and runs no --drain, --console-addr or --cleanup-interval (run those per outbox)")
 		}
 		return a.runGroup(ctx, f)
 	}
@@ -341,52 +345,19 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		Ordered:         core.OrderedOptions{DeadLetter: deadLetter, PartitionCount: f.partitions},
 	}
 	var (
-		relay  *core.Relay
-		stats  core.StatsReader = ob
-		runner interface {
-			Run(context.Context) error
-			Health() core.RelayHealth
-		}
-		// logStopped logs a log relay's totals when it stops.
+		relay      *core.Relay
+		stats      core.StatsReader = ob
+		runner     relayRunner
 		logStopped func(uptime time.Duration)
 	)
-	switch {
-	case f.mode == "log" && db.dialect == dialect.Postgres:
-		logRel, err := logrelay.New(store, out, logrelay.Options{
-			ConnString: dsn, Relay: ropts,
-			Names: logrelay.Names{Table: a.table, Slot: f.slot, Publication: f.publication},
-		})
+	if f.mode == "log" {
+		lr, err := newLogRelay(dsn, db.dialect, logrelayNames{table: a.table, slot: f.slot, publication: f.publication, stream: f.stream},
+			store, out, ropts, reg, a.log)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUsage, err)
+			return err
 		}
-		relay, stats, runner = logRel.Table(), logRel, logRel
-		registerLogMetrics(reg, logRel)
-		logStopped = func(uptime time.Duration) {
-			c := logRel.Counters()
-			a.log.Info("txoutbox: log relay stopped", "published", c.Published, "failed", c.Failed, "held", c.Held,
-				"table_writes", c.TableWrites, "stream_starts", c.Streams, "uptime", uptime)
-		}
-	case f.mode == "log" && db.dialect == dialect.MySQL:
-		driverDSN, err := mysqldsn.DriverDSN(dsn)
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUsage, err)
-		}
-		binRel, err := binlogrelay.New(store, out, binlogrelay.Options{
-			DSN: driverDSN, Relay: ropts, Names: binlogrelay.Names{Table: a.table, Name: f.stream},
-		})
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUsage, err)
-		}
-		relay, stats, runner = binRel.Table(), binRel, binRel
-		registerBinlogMetrics(reg, binRel)
-		logStopped = func(uptime time.Duration) {
-			c := binRel.Counters()
-			a.log.Info("txoutbox: log relay stopped", "published", c.Published, "failed", c.Failed, "held", c.Held,
-				"table_writes", c.TableWrites, "stream_starts", c.Streams, "uptime", uptime)
-		}
-	case f.mode == "log":
-		return usagef("--mode log needs PostgreSQL (logical replication) or MySQL/MariaDB (the binlog); %s has neither", db.dialect.Name())
-	default:
+		relay, stats, runner, logStopped = lr.table, lr.stats, lr.runner, lr.stopped
+	} else {
 		relay, err = core.NewRelay(store, out, ropts)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrUsage, err)
@@ -596,4 +567,67 @@ func publishTimeout(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// relayRunner is what runs a relay of either mode: the table relay, or a
+// log relay around its table relay.
+type relayRunner interface {
+	Run(context.Context) error
+	Health() core.RelayHealth
+}
+
+// logrelayNames names a log-mode outbox: its table, and the slot and
+// publication (PostgreSQL) or the stream (MySQL, MariaDB) it is read by.
+type logrelayNames struct {
+	table, slot, publication, stream string
+}
+
+// logRelay is a log-mode relay as the relay command runs it.
+type logRelay struct {
+	table  *core.Relay // its failure path
+	stats  core.StatsReader
+	runner relayRunner
+	// stopped logs the stream's totals when it stops.
+	stopped func(uptime time.Duration)
+}
+
+// newLogRelay builds the log relay of dsn's database, PostgreSQL's
+// (logical replication) or MySQL's and MariaDB's (the binlog), and
+// registers its metrics on reg.
+func newLogRelay(dsn string, d dialect.Dialect, n logrelayNames, store core.Store, out core.Publisher, ropts core.RelayOptions,
+	reg prometheus.Registerer, log *slog.Logger) (*logRelay, error) {
+	// The two relays count alike (binlogrelay.Counters converts).
+	stopped := func(counters func() logrelay.Counters) func(time.Duration) {
+		return func(uptime time.Duration) {
+			c := counters()
+			log.Info("txoutbox: log relay stopped", "published", c.Published, "failed", c.Failed, "held", c.Held,
+				"table_writes", c.TableWrites, "stream_starts", c.Streams, "uptime", uptime)
+		}
+	}
+	switch d {
+	case dialect.Postgres:
+		r, err := logrelay.New(store, out, logrelay.Options{
+			ConnString: dsn, Relay: ropts,
+			Names: logrelay.Names{Table: n.table, Slot: n.slot, Publication: n.publication},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		registerLogMetrics(reg, r)
+		return &logRelay{table: r.Table(), stats: r, runner: r, stopped: stopped(r.Counters)}, nil
+	case dialect.MySQL:
+		driverDSN, err := mysqldsn.DriverDSN(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		r, err := binlogrelay.New(store, out, binlogrelay.Options{
+			DSN: driverDSN, Relay: ropts, Names: binlogrelay.Names{Table: n.table, Name: n.stream},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		registerBinlogMetrics(reg, r)
+		return &logRelay{table: r.Table(), stats: r, runner: r, stopped: stopped(func() logrelay.Counters { return logrelay.Counters(r.Counters()) })}, nil
+	}
+	return nil, usagef("--mode log needs PostgreSQL (logical replication) or MySQL/MariaDB (the binlog); %s has neither", d.Name())
 }
