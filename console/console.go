@@ -206,6 +206,11 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.handler.ServeHTTP(w, r)
 }
 
+// Protect wraps h with the console's authentication (Token, BasicAuth),
+// for pages served beside the console, such as an index of several
+// consoles. Without either option h is returned as it is.
+func (c *Console) Protect(h http.Handler) http.Handler { return c.authenticateAt(h, "") }
+
 // Run samples the backlog and the publish rate every SampleInterval for
 // the overview's charts, until ctx ends. Without it the charts show what
 // page loads sampled.
@@ -224,8 +229,15 @@ func (c *Console) Run(ctx context.Context) error {
 	}
 }
 
-// authenticate requires the token or basic auth when configured.
+// authenticate requires the token or basic auth when configured, of the
+// console's own pages.
 func (c *Console) authenticate(next http.Handler) http.Handler {
+	return c.authenticateAt(next, c.opts.Prefix)
+}
+
+// authenticateAt is authenticate for a handler that sees its request's
+// path after prefix was stripped from it.
+func (c *Console) authenticateAt(next http.Handler, prefix string) http.Handler {
 	if c.opts.Token == "" && c.opts.BasicAuth == "" {
 		return next
 	}
@@ -258,7 +270,7 @@ func (c *Console) authenticate(next http.Handler) http.Handler {
 					qs := u.Query()
 					qs.Del("token")
 					u.RawQuery = qs.Encode()
-					http.Redirect(w, r, c.opts.Prefix+u.RequestURI(), http.StatusSeeOther)
+					http.Redirect(w, r, prefix+u.RequestURI(), http.StatusSeeOther)
 					return
 				}
 			}

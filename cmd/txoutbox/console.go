@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html/template"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -66,7 +68,7 @@ func (f consoleFlags) check(addrFlag string) error {
 
 // consoleExtras gives the console the pages this database has the tables
 // for: ordered mode's leases, the inbox, log mode's slot.
-func (a *app) consoleExtras(ctx context.Context, f consoleFlags, db *database, ob *sqlxoutbox.Outbox, opts *console.Options) error {
+func (a *app) consoleExtras(ctx context.Context, f consoleFlags, db *database, table string, ob *sqlxoutbox.Outbox, opts *console.Options) error {
 	exists := func(table string) bool {
 		id, err := dialect.ValidateIdentifier(table)
 		if err != nil {
@@ -76,7 +78,7 @@ func (a *app) consoleExtras(ctx context.Context, f consoleFlags, db *database, o
 		return err == nil
 	}
 	if db.dialect != dialect.SQLite && exists(dialect.DefaultLeaseTable) {
-		l, err := ordered.NewLeaser(db.db, db.dialect, ordered.LeaserOptions{Table: a.table, Logger: a.log})
+		l, err := ordered.NewLeaser(db.db, db.dialect, ordered.LeaserOptions{Table: table, Logger: a.log})
 		if err != nil {
 			return err
 		}
@@ -96,12 +98,12 @@ func (a *app) consoleExtras(ctx context.Context, f consoleFlags, db *database, o
 		}
 		if on {
 			// Through the console's pool: the page opens no connection.
-			names := logrelay.Names{Table: a.table, Slot: f.slot}
+			names := logrelay.Names{Table: table, Slot: f.slot}
 			opts.Slot = func(ctx context.Context) (logrelay.SlotStatus, error) { return logrelay.StatusDB(ctx, db.db, names) }
 		}
 	}
 	if db.dialect == dialect.MySQL {
-		names := binlogrelay.Names{Table: a.table, Name: f.stream}
+		names := binlogrelay.Names{Table: table, Name: f.stream}
 		st, err := binlogrelay.ReadStatus(ctx, db.db, names)
 		if err != nil {
 			return fmt.Errorf("console: %w", err)
@@ -123,20 +125,28 @@ func (a *app) serveConsole(ctx context.Context, f consoleFlags, db *database, ob
 	}
 	opts := console.Options{Title: title, ReadOnly: f.readOnly, Token: f.token, BasicAuth: f.basicAuth,
 		LagThreshold: lagThreshold, Logger: a.log}
-	if err := a.consoleExtras(ctx, f, db, ob, &opts); err != nil {
+	if err := a.consoleExtras(ctx, f, db, a.table, ob, &opts); err != nil {
 		return nil, err
 	}
 	c, err := console.New(ob, opts)
 	if err != nil {
 		return nil, err
 	}
+	return a.serveConsoleHandler(ctx, f, c, c.Run)
+}
+
+// serveConsoleHandler serves h on f.addr, and runs each of runs (the
+// consoles' samplers), until the returned stop is called or ctx ends.
+func (a *app) serveConsoleHandler(ctx context.Context, f consoleFlags, h http.Handler, runs ...func(context.Context) error) (func(), error) {
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
 		return nil, fmt.Errorf("console: listen on %s: %w", f.addr, err)
 	}
-	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	cctx, cancel := context.WithCancel(ctx)
-	go func() { _ = c.Run(cctx) }()
+	for _, run := range runs {
+		go func() { _ = run(cctx) }()
+	}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("txoutbox: console: serve", "error", err)
@@ -158,10 +168,100 @@ func (a *app) serveConsole(ctx context.Context, f consoleFlags, db *database, ob
 	}, nil
 }
 
+// groupIndex is the page at the root of console --config: the outboxes,
+// each a link to its console.
+var groupIndex = template.Must(template.New("index").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>txoutbox: {{len .}} outboxes</title></head>
+<body><h1>Outboxes</h1><ul>
+{{range .}}<li><a href="{{.Path}}/">{{.Name}}</a> (table {{.Table}})</li>
+{{end}}</ul></body></html>
+`))
+
+// serveGroupConsole is console --config: the console of every outbox of
+// a relay --config file, each under /NAME/ and titled with its name, and
+// an index of them at /. Outboxes on one DSN share a pool; one whose
+// database is down at start still gets its console, which shows the error
+// until the database answers.
+func (a *app) serveGroupConsole(ctx context.Context, f consoleFlags, path string, lagThreshold time.Duration) (func(), error) {
+	specs, err := readGroupFile(path, (*outboxSpec).resolveTable)
+	if err != nil {
+		return nil, err
+	}
+	ps := &pools{dbs: map[string]*database{}}
+	type entry struct{ Name, Path, Table string }
+	var (
+		index  []entry
+		runs   []func(context.Context) error
+		first  *console.Console
+		byName = map[string]http.Handler{}
+	)
+	for _, spec := range specs {
+		log := a.log.With("outbox", spec.Name)
+		db, err := ps.get(spec.dsn)
+		if err != nil {
+			ps.close()
+			return nil, err
+		}
+		ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: spec.Table, Logger: log})
+		if err != nil {
+			ps.close()
+			return nil, fmt.Errorf("%w: outbox %q: %w", ErrUsage, spec.Name, err)
+		}
+		prefix := "/" + url.PathEscape(spec.Name)
+		opts := console.Options{Title: spec.Name, Prefix: prefix, ReadOnly: f.readOnly, Token: f.token, BasicAuth: f.basicAuth,
+			LagThreshold: lagThreshold, Logger: log}
+		if err := a.consoleExtras(ctx, f, db, spec.Table, ob, &opts); err != nil {
+			log.Warn("txoutbox: console: the outbox's database does not answer; its console shows the backlog once it does, without the leases, inbox or log pages until a restart", "error", err)
+		}
+		c, err := console.New(ob, opts)
+		if err != nil {
+			ps.close()
+			return nil, err
+		}
+		byName[spec.Name] = http.StripPrefix("/"+spec.Name, c)
+		runs = append(runs, c.Run)
+		index = append(index, entry{Name: spec.Name, Path: prefix, Table: spec.Table})
+		if first == nil {
+			first = c
+		}
+	}
+	// The index names the outboxes: behind the consoles' authentication.
+	indexPage := first.Protect(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
+		_ = groupIndex.Execute(w, index)
+	}))
+	// By the path's first segment, unescaped: an outbox's name may hold
+	// any character, which a pattern of net/http's mux may not.
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/" {
+			indexPage.ServeHTTP(w, r)
+			return
+		}
+		name, rest, slash := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
+		c, ok := byName[name]
+		switch {
+		case !ok:
+			http.NotFound(w, r)
+		case !slash && rest == "":
+			http.Redirect(w, r, "/"+url.PathEscape(name)+"/", http.StatusMovedPermanently)
+		default:
+			c.ServeHTTP(w, r)
+		}
+	})
+	stop, err := a.serveConsoleHandler(ctx, f, h, runs...)
+	if err != nil {
+		ps.close()
+		return nil, err
+	}
+	return func() { stop(); ps.close() }, nil
+}
+
 func (a *app) consoleCommand() *cobra.Command {
 	var (
 		f            consoleFlags
 		lagThreshold time.Duration
+		config       string
 	)
 	cmd := &cobra.Command{
 		Use:   "console",
@@ -176,6 +276,10 @@ It listens on loopback by default. To listen beyond it, set --console-token or
 cross-site requests, and is logged with who did it; --console-read-only
 offers none. The console shows no DSN and no secret.
 
+With --config FILE (the file of 'txoutbox relay --config'), it serves the
+console of every outbox the file lists, each under /NAME/ and titled with its
+name, and an index of them at /. The DSNs and tables come from the file.
+
 Inside an application, mount package console's handler under your own router
 and authentication instead; 'txoutbox relay --console-addr' serves it next to
 the relay.`,
@@ -185,6 +289,15 @@ the relay.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.check("addr"); err != nil {
 				return err
+			}
+			if config != "" {
+				stop, err := a.serveGroupConsole(cmd.Context(), f, config, lagThreshold)
+				if err != nil {
+					return err
+				}
+				<-cmd.Context().Done()
+				stop()
+				return nil
 			}
 			db, ob, err := a.openOutbox(cmd.Context())
 			if err != nil {
@@ -202,5 +315,6 @@ the relay.`,
 	}
 	f.register(cmd, "addr", "127.0.0.1:8080", "address to serve the console on (loopback by default)")
 	cmd.Flags().DurationVar(&lagThreshold, "lag-threshold", time.Minute, "oldest pending age the overview shows as lagging")
+	cmd.Flags().StringVar(&config, "config", "", "serve the console of every outbox of this relay --config file, each under /NAME/, instead of --dsn's")
 	return cmd
 }

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/cookiejar"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,4 +71,68 @@ func startConsole(t *testing.T, dsn string, args ...string) (string, *logbuf.Buf
 		return false
 	})
 	return addr, stderr
+}
+
+// console --config serves the console of every outbox of a relay --config
+// file under its name, an index of them behind the consoles' token, and
+// one whose database is down holds up no other.
+func TestConsoleConfig(t *testing.T) {
+	t.Parallel()
+	a, b := newFixture(t), newFixture(t)
+	a.enqueue(t, "order.created", "a", 3)
+	b.enqueue(t, "order.created", "b", 5)
+	conf := filepath.Join(t.TempDir(), "outboxes.yaml")
+	if err := os.WriteFile(conf, []byte(`outboxes:
+  - name: tenant-a
+    dsn: `+a.dsn+`
+    broker: log://
+  - name: tenant b
+    dsn: `+b.dsn+`
+    broker: log://
+  - name: tenant-down
+    dsn: postgres://nobody:secret@127.0.0.1:1/none?connect_timeout=1
+    broker: log://
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const token = "t0ken-for-the-test"
+	addr, stderr := startConsole(t, a.dsn, "--config", conf, "--console-token", token)
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Jar: jar}
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := client.Get(addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, _ := get(""); code != http.StatusUnauthorized {
+		t.Errorf("the index without the token: %d, want 401", code)
+	}
+	code, index := get("?token=" + token)
+	if code != http.StatusOK || !strings.Contains(index, `<a href="/tenant-a/">tenant-a</a>`) || !strings.Contains(index, `<a href="/tenant%20b/">tenant b</a>`) ||
+		!strings.Contains(index, `<a href="/tenant-down/">tenant-down</a>`) {
+		t.Fatalf("GET / with the token: %d\n%s", code, index)
+	}
+	for path, want := range map[string]string{"tenant-a/": `id="pending">3<`, "tenant%20b/": `id="pending">5<`} {
+		code, body := get(path)
+		if code != http.StatusOK || !strings.Contains(body, want) {
+			t.Errorf("GET /%s: %d, want %s in\n%s", path, code, want, body)
+		}
+	}
+	if code, _ := get("tenant-down/"); code == http.StatusOK {
+		t.Error("the console of the outbox whose database is down answered 200")
+	}
+	if code, _ := get("tenant-a/"); code != http.StatusOK {
+		t.Errorf("GET /tenant-a/ after the down outbox's page: %d", code)
+	}
+	if strings.Contains(stderr.String(), "secret") {
+		t.Error("the console's log shows a DSN's password")
+	}
 }
