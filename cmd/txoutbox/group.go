@@ -227,6 +227,29 @@ type pools struct {
 	dbs map[string]*database
 }
 
+// memberStates tells what each running member of a relay group does, for
+// /healthz.
+type memberStates struct {
+	mu sync.Mutex
+	m  map[string]func() string
+}
+
+func (s *memberStates) set(name string, state func() string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[name] = state
+}
+
+func (s *memberStates) get(name string) string {
+	s.mu.Lock()
+	f := s.m[name]
+	s.mu.Unlock()
+	if f == nil {
+		return "starting"
+	}
+	return f()
+}
+
 func (p *pools) get(dsn string) (*database, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -264,9 +287,21 @@ func (a *app) runGroup(ctx context.Context, f relayFlags) error {
 	}
 	reg.MustRegister(groupCollector{group})
 	ps := &pools{dbs: map[string]*database{}}
+	states := &memberStates{m: map[string]func() string{}}
 	defer ps.close()
 	var h health
 	h.set("ok")
+	h.outboxes = func() []outboxHealth {
+		st := group.Status()
+		out := make([]outboxHealth, len(st))
+		for i, m := range st {
+			out[i] = outboxHealth{Name: m.Name, State: "restarting", Restarts: m.Restarts}
+			if m.Running {
+				out[i].State = states.get(m.Name)
+			}
+		}
+		return out
+	}
 	context.AfterFunc(ctx, func() { h.set("stopping") })
 	if f.httpAddr != "" {
 		// Readiness is the process's: one tenant's database down must not
@@ -286,7 +321,7 @@ func (a *app) runGroup(ctx context.Context, f relayFlags) error {
 		members := make([]relaygroup.Member, len(specs))
 		for i := range specs {
 			s := specs[i]
-			members[i] = relaygroup.Member{Name: s.Name, Spec: s.spec(), Run: func(ctx context.Context) error { return a.runMember(ctx, s, ps, reg, f) }}
+			members[i] = relaygroup.Member{Name: s.Name, Spec: s.spec(), Run: func(ctx context.Context) error { return a.runMember(ctx, s, ps, states, reg, f) }}
 		}
 		return group.Set(members)
 	}
@@ -321,7 +356,7 @@ func (a *app) runGroup(ctx context.Context, f relayFlags) error {
 // runMember relays one outbox of the group until ctx ends: its store on the
 // DSN's shared pool, its broker, its metrics labelled outbox="name", its
 // stats monitor.
-func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, reg *prometheus.Registry, defaults relayFlags) error {
+func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, states *memberStates, reg *prometheus.Registry, defaults relayFlags) error {
 	log := a.log.With("outbox", s.Name)
 	f := s.flags
 	db, err := ps.get(s.dsn)
@@ -333,10 +368,13 @@ func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, reg *prome
 		return err
 	}
 	ma := &app{log: log, stdout: a.stdout, stderr: a.stderr}
+	state := func(st string) func() string { return func() string { return st } }
+	states.set(s.Name, state("waiting for its database"))
 	if err := ma.awaitDependency(ctx, "database", db.redacted, false, ob.Ping); err != nil || ctx.Err() != nil {
 		return err
 	}
 	var pub publisher
+	states.set(s.Name, state("waiting for its broker"))
 	if err := ma.awaitDependency(ctx, "broker", redact(s.broker), false, func(ctx context.Context) error {
 		p, err := openBroker(ctx, s.broker, a.stdout, log)
 		pub = p
@@ -395,6 +433,15 @@ func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, reg *prome
 	defer func() { stopMon(); <-monDone }()
 	log.Info("txoutbox: relay started", "database", db.redacted, "table", s.Table, "broker", redact(s.broker), "mode", s.Mode,
 		"batch_size", f.batchSize, "concurrency", f.concurrency, "ordered", relay.Ordered())
+	states.set(s.Name, func() string {
+		switch h := runner.Health(); {
+		case h.StoreDown:
+			return "database down"
+		case h.BrokerDown:
+			return "broker down"
+		}
+		return "ok"
+	})
 	return runner.Run(ctx)
 }
 

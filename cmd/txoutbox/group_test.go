@@ -86,6 +86,16 @@ func TestRelayConfigGroup(t *testing.T) {
 			t.Errorf("/metrics has no %s", line)
 		}
 	}
+	// /healthz: the process is ready (it serves the healthy outboxes), and
+	// says what each outbox's relay does.
+	code, rep := healthz(t, addr)
+	states := map[string]string{}
+	for _, o := range rep.Outboxes {
+		states[o.Name] = o.State
+	}
+	if code != http.StatusOK || rep.Status != "ok" || states["tenant-a"] != "ok" || states["tenant-b"] != "ok" || states["tenant-down"] != "waiting for its database" {
+		t.Errorf("/healthz: %d %+v", code, rep)
+	}
 
 	// A new outbox, picked up on SIGHUP without a restart.
 	write(base + `  - name: tenant-c

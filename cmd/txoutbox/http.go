@@ -24,6 +24,18 @@ import (
 // health is what /healthz answers: the relay's state.
 type health struct {
 	state atomic.Value // string: starting, ok, stopping
+	// outboxes, in a relay group, says how each outbox's relay runs.
+	outboxes func() []outboxHealth
+}
+
+// outboxHealth is one outbox of a relay group in /healthz: what its relay
+// does (ok, starting, waiting for its database or broker, database down,
+// broker down, restarting after an error), and how often it was
+// restarted. Its errors go to the log.
+type outboxHealth struct {
+	Name     string `json:"name"`
+	State    string `json:"state"`
+	Restarts int    `json:"restarts"`
 }
 
 func (h *health) set(s string) { h.state.Store(s) }
@@ -140,6 +152,9 @@ func registerLeaserMetrics(reg prometheus.Registerer, l *ordered.Leaser) {
 // the log.
 type healthReport struct {
 	Status string `json:"status"` // ok, starting, unavailable, stopping
+	// Outboxes: relay --config's, each by name. The process stays ready
+	// while one of them is down: it serves the others.
+	Outboxes []outboxHealth `json:"outboxes,omitempty"`
 }
 
 // serveHTTP listens on addr (first, so that a taken port fails the start)
@@ -179,7 +194,11 @@ func (a *app) serveHTTP(addr string, reg *prometheus.Registry, db *database, h *
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)
-		_ = json.NewEncoder(w).Encode(healthReport{Status: status})
+		rep := healthReport{Status: status}
+		if h.outboxes != nil {
+			rep.Outboxes = h.outboxes()
+		}
+		_ = json.NewEncoder(w).Encode(rep)
 	})
 	// /livez only says the process serves: a liveness probe on /healthz
 	// would restart every relay while the database is down, which cures
