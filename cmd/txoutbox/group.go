@@ -17,8 +17,10 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	"github.com/txoutbox/txoutbox/binlogrelay"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/metrics"
 	"github.com/txoutbox/txoutbox/relaygroup"
 )
@@ -428,9 +430,22 @@ func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, states *me
 		return err
 	}
 	mctx, stopMon := context.WithCancel(ctx)
-	monDone := make(chan struct{})
-	go func() { defer close(monDone); _ = mon.Run(mctx) }()
-	defer func() { stopMon(); <-monDone }()
+	var bg sync.WaitGroup
+	defer func() { stopMon(); bg.Wait() }()
+	bg.Go(func() { _ = mon.Run(mctx) })
+	if s.Mode == "table" && defaults.wake == "auto" && db.dialect == dialect.MySQL {
+		// As relay --wake auto: producers' commits reach the binlog, which
+		// wakes this outbox's relay (polling stays if it cannot be read).
+		driverDSN, err := mysqldsn.DriverDSN(s.dsn)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		w, err := binlogrelay.NewWatcher(driverDSN, relay, binlogrelay.WatcherOptions{Table: s.Table, Logger: log})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		bg.Go(func() { _ = w.Run(mctx) })
+	}
 	log.Info("txoutbox: relay started", "database", db.redacted, "table", s.Table, "broker", redact(s.broker), "mode", s.Mode,
 		"batch_size", f.batchSize, "concurrency", f.concurrency, "ordered", relay.Ordered())
 	states.set(s.Name, func() string {

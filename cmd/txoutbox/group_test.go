@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
@@ -280,12 +278,7 @@ func TestRelayConfigLogMode(t *testing.T) {
 	ok(t, pgDSN, "migrate", "--mode", "log", "--slot", slot, "--publication", slot)
 	pgLog := openFixture(t, "pgx", pgDSN, pgDSN)
 
-	driverDSN := testenv.MySQLDSN(t)
-	cfg, err := mysqldsn.Config(driverDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	myDSN := "mysql://" + url.UserPassword(cfg.User, cfg.Passwd).String() + "@" + cfg.Addr + "/" + cfg.DBName
+	driverDSN, myDSN := mysqlDSNs(t)
 	stream := "grp_" + suffix
 	ok(t, myDSN, "migrate", "--mode", "log", "--stream", stream)
 	myLog := openFixture(t, "mysql", driverDSN, myDSN)
@@ -336,4 +329,62 @@ func TestRelayConfigLogMode(t *testing.T) {
 		return m[`txoutbox_log_streaming{outbox="pg-log"}`] == 1 && m[`txoutbox_log_published_total{outbox="pg-log"}`] == 10 &&
 			m[`txoutbox_log_streaming{outbox="my-log"}`] == 1 && m[`txoutbox_log_published_total{outbox="my-log"}`] == 10
 	})
+}
+
+// On MySQL/MariaDB a table-mode relay wakes from the binlog (--wake auto),
+// alone and as an outbox of relay --config: with a poll interval of a
+// minute, an event committed by another process arrives within seconds.
+func TestRelayWakesFromTheBinlog(t *testing.T) {
+	t.Parallel()
+	for _, group := range []bool{false, true} {
+		t.Run(map[bool]string{false: "relay", true: "relay --config"}[group], func(t *testing.T) {
+			t.Parallel()
+			driverDSN, dsn := mysqlDSNs(t)
+			ok(t, dsn, "migrate")
+			f := openFixture(t, "mysql", driverDSN, dsn)
+			args := []string{"--broker", "log://", "--poll-interval", "1m"}
+			if group {
+				conf := filepath.Join(t.TempDir(), "outboxes.yaml")
+				if err := os.WriteFile(conf, []byte("outboxes:\n  - name: my-table\n    dsn: "+dsn+"\n    broker: log://\n    poll_interval: 1m\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = []string{"--config", conf}
+			}
+			_, stdout, stderr, _ := startRelayEnv(t, nil, dsn, args...)
+			// An event every half second until one arrives: the first
+			// round's may come with the relay's first claim, at its start,
+			// or with a poll; the next poll is a minute after that, so an
+			// event of the second round that arrives within 20 s was woken
+			// by the binlog.
+			arrive := func(round string, limit time.Duration) {
+				t.Helper()
+				var ids []string
+				deadline := time.Now().Add(limit)
+				for {
+					ids = append(ids, f.enqueue(t, "order.created", round, 1)[0].ID)
+					time.Sleep(500 * time.Millisecond)
+					got := idSet(nil)
+					for _, id := range sinkIDs(t, stdout.String()) {
+						got[id] = true
+					}
+					for _, id := range ids {
+						if got[id] {
+							return
+						}
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: none of %d events arrived in %v; the relay's log:\n%s", round, len(ids), limit, stderr.String())
+					}
+				}
+			}
+			arrive("start", 70*time.Second)
+			// The claims that follow a batch are over: the relay is idle
+			// until the next poll or a wake-up.
+			time.Sleep(2 * time.Second)
+			arrive("woken", 20*time.Second)
+			if strings.Contains(stderr.String(), "no binlog wake-up") {
+				t.Errorf("the relay polls instead:\n%s", stderr.String())
+			}
+		})
+	}
 }

@@ -7,13 +7,11 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
@@ -134,12 +132,7 @@ func TestLogModeUsageErrors(t *testing.T) {
 // mode.
 func TestLogModeMySQL(t *testing.T) {
 	t.Parallel()
-	driverDSN := testenv.MySQLDSN(t)
-	cfg, err := mysqldsn.Config(driverDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dsn := "mysql://" + url.UserPassword(cfg.User, cfg.Passwd).String() + "@" + cfg.Addr + "/" + cfg.DBName
+	driverDSN, dsn := mysqlDSNs(t)
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
 	stream := "cli_" + hex.EncodeToString(b)

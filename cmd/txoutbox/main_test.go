@@ -175,6 +175,18 @@ func sinkIDs(t *testing.T, out string) []string {
 	return ids
 }
 
+// mysqlDSNs makes a fresh MariaDB database and returns its DSN in the
+// driver's form and in the CLI's mysql:// form.
+func mysqlDSNs(t *testing.T) (driverDSN, cliDSN string) {
+	t.Helper()
+	driverDSN = testenv.MySQLDSN(t)
+	cfg, err := mysqldsn.Config(driverDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return driverDSN, "mysql://" + url.UserPassword(cfg.User, cfg.Passwd).String() + "@" + cfg.Addr + "/" + cfg.DBName
+}
+
 // openFixture is the fixture of a migrated outbox: the driver and its
 // DSN to write through, and the CLI's DSN of the same database.
 func openFixture(t *testing.T, driver, driverDSN, cliDSN string) *fixture {
@@ -255,12 +267,7 @@ func TestSQLite(t *testing.T) {
 // cleanup.
 func TestMySQL(t *testing.T) {
 	t.Parallel()
-	driverDSN := testenv.MySQLDSN(t)
-	cfg, err := mysqldsn.Config(driverDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	urlDSN := "mysql://" + url.UserPassword(cfg.User, cfg.Passwd).String() + "@" + cfg.Addr + "/" + cfg.DBName
+	driverDSN, urlDSN := mysqlDSNs(t)
 	ok(t, urlDSN, "migrate")
 	ok(t, driverDSN, "migrate") // idempotent, either form
 	db, err := sql.Open("mysql", driverDSN)
