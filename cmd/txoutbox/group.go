@@ -227,6 +227,26 @@ func (s *outboxSpec) spec() string {
 type pools struct {
 	mu  sync.Mutex
 	dbs map[string]*database
+	// perDB, when set, caps each pool's connections (--max-connections).
+	perDB int
+}
+
+// limit caps every pool, those open and those to come, at perDB
+// connections.
+func (p *pools) limit(perDB int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.perDB = perDB
+	for _, db := range p.dbs {
+		p.size(db)
+	}
+}
+
+func (p *pools) size(db *database) {
+	if p.perDB > 0 && db.dialect.MaxConcurrency() != 1 {
+		db.db.SetMaxOpenConns(p.perDB)
+		db.db.SetMaxIdleConns(p.perDB)
+	}
 }
 
 // memberStates tells what each running member of a relay group does, for
@@ -262,6 +282,7 @@ func (p *pools) get(dsn string) (*database, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.size(db)
 	p.dbs[dsn] = db
 	return db, nil
 }
@@ -320,6 +341,22 @@ func (a *app) runGroup(ctx context.Context, f relayFlags) error {
 		}()
 	}
 	apply := func(specs []outboxSpec) error {
+		if f.maxConnections > 0 {
+			// Shared evenly by the databases of the file; a relay needs
+			// two at least (its claim, and its stats or leases).
+			dsns := map[string]bool{}
+			for _, s := range specs {
+				dsns[s.dsn] = true
+			}
+			per := f.maxConnections / len(dsns)
+			if per < 2 {
+				per = 2
+				a.log.Warn("txoutbox: relay group: --max-connections leaves fewer than 2 connections per database; each database keeps 2",
+					"max_connections", f.maxConnections, "databases", len(dsns))
+			}
+			ps.limit(per)
+			a.log.Info("txoutbox: relay group: connections capped", "max_connections", f.maxConnections, "databases", len(dsns), "per_database", per)
+		}
 		members := make([]relaygroup.Member, len(specs))
 		for i := range specs {
 			s := specs[i]

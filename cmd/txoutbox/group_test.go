@@ -388,3 +388,49 @@ func TestRelayWakesFromTheBinlog(t *testing.T) {
 		})
 	}
 }
+
+// relay --config --max-connections caps the process's connections, shared
+// by the file's databases: an outbox draining with 8 workers holds no
+// more than its database's share.
+func TestRelayConfigMaxConnections(t *testing.T) {
+	t.Parallel()
+	a, b := newFixture(t), newFixture(t)
+	const backlog = 20000
+	a.exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+		SELECT gen_random_uuid(), 'order', 'o-' || g, 'order.created', '{"n": 1}' FROM generate_series(1, 20000) g`)
+	conf := filepath.Join(t.TempDir(), "outboxes.yaml")
+	if err := os.WriteFile(conf, []byte(`outboxes:
+  - name: busy
+    dsn: `+a.dsn+`&application_name=grp_busy
+    broker: log://
+    concurrency: 8
+    batch_size: 50
+  - name: quiet
+    dsn: `+b.dsn+`
+    broker: log://
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, "", nil, "relay", "--dsn", a.dsn, "--broker", "log://", "--max-connections", "4"); r.code != exitUsage || !strings.Contains(r.stderr, "--max-connections 4: a positive cap with --config") {
+		t.Fatalf("--max-connections without --config: exit %d\n%s", r.code, r.stderr)
+	}
+	_, stdout, stderr, _ := startRelayEnv(t, nil, a.dsn, "--config", conf, "--max-connections", "4")
+	// The relay's connections to the busy outbox's database (its DSN names
+	// them), at most, while it drains.
+	most := 0
+	waitFor(t, 2*time.Minute, "the backlog drained", func() bool {
+		var n int
+		if err := a.db.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'grp_busy'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, n)
+		return strings.Count(stdout.String(), "\n") >= backlog
+	})
+	t.Logf("at most %d connections to the busy outbox's database while it drained with 8 workers", most)
+	if most > 2 || most == 0 {
+		t.Errorf("the busy outbox's database had up to %d of the relay's connections, want 1-2 (4 for 2 databases)", most)
+	}
+	if !strings.Contains(stderr.String(), `"per_database":2`) {
+		t.Errorf("the relay did not log the cap:\n%s", stderr.String())
+	}
+}

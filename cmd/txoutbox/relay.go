@@ -53,6 +53,7 @@ type relayFlags struct {
 	wake            string
 	console         consoleFlags
 	config          string
+	maxConnections  int
 }
 
 func (a *app) relayCommand() *cobra.Command {
@@ -169,6 +170,7 @@ serves:
 	fl.StringVar(&f.wake, "wake", "auto", "table mode: auto (on MySQL/MariaDB, wake from the binlog within milliseconds of a commit when it can be read; polling otherwise) or poll (--poll-interval only)")
 	fl.StringVar(&f.stream, "stream", binlogrelay.DefaultName, "with --mode log on MySQL/MariaDB: the stream's name (its stored binlog position and its lock)")
 	fl.StringVar(&f.config, "config", "", "relay every outbox listed in this YAML file in one process (see above); SIGHUP reloads it")
+	fl.IntVar(&f.maxConnections, "max-connections", 0, "with --config: the connections the process may hold to all the outboxes' databases, shared among them (0: 16 per database)")
 	fl.BoolVar(&f.syncMark, "sync-mark", false, "PostgreSQL: wait for the WAL flush of every mark (default: marks commit asynchronously; a mark lost in a database crash only re-publishes)")
 	return cmd
 }
@@ -218,6 +220,9 @@ func checkRelayFlags(f relayFlags) error {
 func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	if err := checkRelayFlags(f); err != nil {
 		return err
+	}
+	if f.maxConnections != 0 && (f.config == "" || f.maxConnections < 0) {
+		return usagef("--max-connections %d: a positive cap with --config (a single relay sizes its pool by --concurrency)", f.maxConnections)
 	}
 	if f.config != "" {
 		switch {
