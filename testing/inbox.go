@@ -37,6 +37,20 @@ type InboxFixture struct {
 	// Backdate moves the processed_at of a record back by age, so that
 	// retention can be tested without waiting.
 	Backdate func(ctx context.Context, consumer, eventID string, age time.Duration) error
+	// Timeout bounds each concurrency check (many deliveries of one event
+	// at once). Default: TXOUTBOX_TEST_DELIVERY_TIMEOUT, or
+	// DefaultDeliveryTimeout. An inbox whose deliveries take turns on one
+	// lock (SQLite without busy_timeout, its Process polling) may need
+	// more, as much as it lets Process wait.
+	Timeout time.Duration
+}
+
+// timeout is f.Timeout, or the suite's delivery timeout.
+func (f *InboxFixture) timeout(t testing.TB) time.Duration {
+	if f.Timeout > 0 {
+		return f.Timeout
+	}
+	return envDeliveryTimeout(t)
 }
 
 // NewInboxFunc makes an InboxFixture for one subtest. It registers its own
@@ -158,7 +172,7 @@ func RunInbox(t *testing.T, newInbox NewInboxFunc) {
 	t.Run("ConcurrentDuplicatesTakeEffectOnce", func(t *testing.T) {
 		t.Parallel()
 		f := newInbox(t)
-		ctx, cancel := context.WithTimeout(t.Context(), envDeliveryTimeout(t))
+		ctx, cancel := context.WithTimeout(t.Context(), f.timeout(t))
 		defer cancel()
 		const events, copies = 20, 4
 		evIDs := make([]string, events)
@@ -240,7 +254,7 @@ func RunInbox(t *testing.T, newInbox NewInboxFunc) {
 	t.Run("ManyDuplicatesTakeOverAfterRollbackOnce", func(t *testing.T) {
 		t.Parallel()
 		f := newInbox(t)
-		ctx, cancel := context.WithTimeout(t.Context(), envDeliveryTimeout(t))
+		ctx, cancel := context.WithTimeout(t.Context(), f.timeout(t))
 		defer cancel()
 		id := uuid.NewString()
 		inside := make(chan struct{})
@@ -353,7 +367,7 @@ type inboxOutcome struct {
 // the write lock) instead of racing past it.
 func inboxRaceFirstHolds(t *testing.T, f *InboxFixture, firstErr error) (first, second inboxOutcome) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), envDeliveryTimeout(t))
+	ctx, cancel := context.WithTimeout(t.Context(), f.timeout(t))
 	defer cancel()
 	id := uuid.NewString()
 	first.id, second.id = id, id
