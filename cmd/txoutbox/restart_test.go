@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -19,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/mysqldsn"
@@ -38,16 +36,7 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 		t.Run(db, func(t *testing.T) {
 			t.Parallel()
 			dsn, driver, driverDSN, modeArgs := logModeDatabase(t, db)
-			conn, err := sql.Open(driver, driverDSN)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close() })
-			ob, err := sqlxoutbox.NewDB(conn, sqlxoutbox.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			f := &fixture{dsn: dsn, db: conn, ob: ob}
+			f := openFixture(t, driver, driverDSN, dsn)
 			relayArgs := append([]string{"--mode", "log", "--broker", "log://", "--stats-interval", "100ms"}, modeArgs...)
 			type proc struct {
 				cmd    *exec.Cmd
