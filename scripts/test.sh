@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (`make test`): installs and starts every real
 # service the tests need, then runs gofmt, go vet and the race-enabled tests,
-# and prints the ten slowest tests.
+# and prints the ten slowest tests and packages.
 # Extra arguments go to `go test` (e.g. scripts/test.sh -run TestRelay ./core/).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,25 +65,49 @@ cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 # The fault matrix (internal/faultmatrix), the longest package and mostly
 # waiting, runs beside the other tests from the start, and govulncheck
 # beside both at the lowest CPU priority: the machine's two cores sit half
-# idle while tests wait on servers, sleeps and timeouts. After the matrix,
-# in its lane, come the tests named *Outage*, which stop the broker: one
-# package at a time, against the second RabbitMQ node (services.sh), so
-# that no broker another test uses goes down. (They once ran after all the
-# other tests, adding about 200 s to every run.) More at once was tried
-# and failed: four matrix cells at a time, three test binaries and the
-# outage tests beside the matrix ran 19m45s instead of 21, and three
-# checks that wait for deliveries timed out on the loaded machine
-# (docs/reliability.md).
-"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' $(go list ./... | grep -v '/internal/faultmatrix$') >.services/test.json 2>&1 &
-main=$!
+# idle while tests wait on servers, sleeps and timeouts. The tests named
+# *Outage*, which stop the broker, run one package at a time against the
+# second RabbitMQ node (services.sh), so that no broker another test uses
+# goes down, in whichever lane finishes first. (They once ran after all the
+# other tests, adding about 200 s to every run, then after the matrix.)
+# More at once was tried and failed: four matrix cells at a time, three
+# test binaries and the outage tests beside the matrix ran 19m45s instead
+# of 21, and three checks that wait for deliveries timed out on the loaded
+# machine (docs/reliability.md).
+#
+# go test starts packages in the order it is given them, two at a time: the
+# longest come first (the durations of a clean run's test.json; testreport
+# prints them), so that no long package starts last and runs alone. A
+# package missing from the list runs after them, in go list's order.
+long_first=(cmd/txoutbox adapters/sqlx testing adapters/gorm bench internal/pgbouncertest adapters/pgx inbox/sqlinbox archive inbox/gorminbox logrelay)
+module=$(go list -m)
+pkgs=()
+for p in "${long_first[@]}"; do
+	pkgs+=("$module/$p")
+done
+for p in $(go list ./... | grep -v '/internal/faultmatrix$'); do
+	case " ${pkgs[*]} " in *" $p "*) ;; *) pkgs+=("$p") ;; esac
+done
 outage=$(git grep -l '^func Test[A-Za-z]*Outage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
-(
-	"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
-	stage "fault matrix done"
+rm -rf .services/outage.claim
+outage_tests() {
+	# mkdir is atomic: the first lane to finish claims the outage tests.
+	mkdir .services/outage.claim 2>/dev/null || return 0
 	# shellcheck disable=SC2086
 	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
 		"${gotest[@]}" -timeout 15m -p 1 "${cpuexec[@]}" -json -run 'Outage' $outage >.services/test-outage.json 2>&1 || true
 	stage "outage tests done"
+}
+(
+	"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' "${pkgs[@]}" >.services/test.json 2>&1 || true
+	stage "other tests done"
+	outage_tests
+) &
+main=$!
+(
+	"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip 'Outage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
+	stage "fault matrix done"
+	outage_tests
 ) &
 faults=$!
 nice -n 19 scripts/vulncheck.sh >.services/vulncheck.log 2>&1 &
@@ -93,13 +117,12 @@ vuln=$!
 nice -n 19 go vet -race ./... >.services/vet.log 2>&1 &
 vet=$!
 wait "$main" || true
-stage "other tests done"
 wait "$faults" || true
 failed=0
 for r in .services/test.json .services/test-faults.json .services/test-outage.json; do
 	go run ./internal/cmd/testreport -top 0 <"$r" || failed=1
 done
-cat .services/test.json .services/test-faults.json .services/test-outage.json | go run ./internal/cmd/testreport -top 10 | sed -n '/^The [0-9]* slowest/,$p' || true
+cat .services/test.json .services/test-faults.json .services/test-outage.json | go run ./internal/cmd/testreport -top 10 | sed -n "/^The [0-9]* slowest tests/,\$p" || true
 .services/bin/cpuexec -report 10 <.services/cpu.log || true
 if [ -f "${TXOUTBOX_PGBOUNCER_GATE_LOG:-}" ]; then
 	echo "test.sh: the shared PgBouncer's gate kept $(grep -c 'dropped a cancel request' "$TXOUTBOX_PGBOUNCER_GATE_LOG") cancel requests from it (pgbouncer#822 in 1.18, see internal/cancelgate)" >&2

@@ -1,6 +1,6 @@
 // Command testreport reads `go test -json` on stdin and prints what a plain
 // `go test` prints (each package's ok or FAIL line, and the output of the
-// tests that failed), then the slowest tests of the run, so that the next
+// tests that failed), then the slowest tests and packages of the run, so that the next
 // slowdown is seen when it lands. It exits 1 when a test or a package
 // failed, or when the stream ended without a package result (a build
 // failure, a killed go test).
@@ -52,11 +52,12 @@ type report struct {
 	outputs map[string][]string // package + test -> its output lines
 	timings map[string]*timing  // package + top-level test
 	failed  bool
-	pkgs    map[string]bool // packages seen, and whether they ended
+	pkgs    map[string]bool    // packages seen, and whether they ended
+	elapsed map[string]float64 // package -> its test binary's run time
 }
 
 func newReport(out io.Writer) *report {
-	return &report{out: out, outputs: map[string][]string{}, pkgs: map[string]bool{}, timings: map[string]*timing{}}
+	return &report{out: out, outputs: map[string][]string{}, pkgs: map[string]bool{}, timings: map[string]*timing{}, elapsed: map[string]float64{}}
 }
 
 func (r *report) add(e event) {
@@ -115,6 +116,7 @@ func (r *report) time(e event) {
 }
 
 func (r *report) printPackage(e event) {
+	r.elapsed[e.Package] = e.Elapsed
 	status := map[string]string{"pass": "ok  ", "fail": "FAIL", "skip": "?   "}[e.Action]
 	if e.Action == "skip" {
 		fmt.Fprintf(r.out, "%s\t%s\t[no test files]\n", status, e.Package)
@@ -140,6 +142,19 @@ func (r *report) finish(top int) bool {
 		fmt.Fprintf(r.out, "\nThe %d slowest tests (start to the end of their last subtest):\n", n)
 		for _, t := range ts[:n] {
 			fmt.Fprintf(r.out, "%8.1fs  %s  %s\n", t.seconds(), strings.TrimPrefix(t.pkg, "github.com/txoutbox/txoutbox/"), t.test)
+		}
+	}
+	// scripts/test.sh starts the longest packages first: this list is
+	// where its order comes from.
+	pkgs := make([]string, 0, len(r.elapsed))
+	for p := range r.elapsed {
+		pkgs = append(pkgs, p)
+	}
+	sort.Slice(pkgs, func(i, j int) bool { return r.elapsed[pkgs[i]] > r.elapsed[pkgs[j]] })
+	if n := min(top, len(pkgs)); n > 0 {
+		fmt.Fprintf(r.out, "\nThe %d slowest packages (their test binary's run):\n", n)
+		for _, p := range pkgs[:n] {
+			fmt.Fprintf(r.out, "%8.1fs  %s\n", r.elapsed[p], strings.TrimPrefix(p, "github.com/txoutbox/txoutbox/"))
 		}
 	}
 	return !r.failed

@@ -32,6 +32,7 @@ func TestReportPrintsFailuresAndTheSlowest(t *testing.T) {
 		"    b_test.go:9: the reason\n",
 		"FAIL\texample.com/b\t2.100s\n",
 		"The 2 slowest tests (start to the end of their last subtest):\n    20.0s  example.com/a  TestSlow\n     2.0s  example.com/b  TestBroken\n",
+		"The 2 slowest packages (their test binary's run):\n    10.0s  example.com/a\n     2.1s  example.com/b\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
