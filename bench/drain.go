@@ -19,6 +19,10 @@ const drainTable = "drain_events"
 // drainResult holds the rate of each side of scenario a, events/s.
 type drainResult struct {
 	relay, raw, relaySync, rawSync, textbook float64
+	// Delete on publish, written by hand: claim and delete in one
+	// statement, and the textbook's lock then DELETE, against the same
+	// loops that mark (all with asynchronous commit).
+	rawDelete, lockDelete, lockMark float64
 }
 
 func (d drainResult) rows() []row {
@@ -28,6 +32,10 @@ func (d drainResult) rows() []row {
 		{name: "a' relay drain with SyncMark (marks wait for the WAL flush) vs raw SQL, same statement", value: d.relaySync, baseline: d.rawSync,
 			unit: "/s", target: "—"},
 		{name: "a'' relay drain vs the textbook raw loop (SELECT ... FOR UPDATE SKIP LOCKED, then UPDATE ... WHERE id = ANY)", value: d.relay, baseline: d.textbook,
+			unit: "/s", target: "—"},
+		{name: "a''' delete on publish, by hand: claim and DELETE in one statement vs raw SQL claim+mark (both asynchronous commit)", value: d.rawDelete, baseline: d.raw,
+			unit: "/s", target: "—"},
+		{name: "a''' delete on publish, by hand: lock, then DELETE vs lock, then UPDATE (the textbook loop, both asynchronous commit)", value: d.lockDelete, baseline: d.lockMark,
 			unit: "/s", target: "—"},
 	}
 }
@@ -73,12 +81,16 @@ func (b *bench) drain(ctx context.Context) (drainResult, error) {
 		{name: "relay", batch: relay},
 		{name: "relay_sync", batch: relaySync},
 		{name: "raw_sync", batch: func() (int, error) { return rawDrain(ctx, conn, rawClaim, 1) }},
-		{name: "textbook", batch: func() (int, error) { return textbookDrain(ctx, conn) }},
+		{name: "textbook", batch: func() (int, error) { return textbookDrain(ctx, conn, textbookMark) }},
+		{name: "raw_delete", batch: func() (int, error) { return rawDrain(ctx, conn, rawClaimDeleteAsync, 1) }},
+		{name: "lock_delete", batch: func() (int, error) { return textbookDrain(ctx, conn, textbookDeleteAsync) }},
+		{name: "lock_mark", batch: func() (int, error) { return textbookDrain(ctx, conn, textbookMarkAsync) }},
 	}
 	if err := b.takeTurns(ctx, "drain", b.filler(drainTable), sides); err != nil {
 		return res, err
 	}
 	res.raw, res.relay, res.relaySync, res.rawSync, res.textbook = sides[0].rate(), sides[1].rate(), sides[2].rate(), sides[3].rate(), sides[4].rate()
+	res.rawDelete, res.lockDelete, res.lockMark = sides[5].rate(), sides[6].rate(), sides[7].rate()
 	return res, nil
 }
 
@@ -245,8 +257,33 @@ const textbookClaim = "SELECT id, event_id, aggregate_type, aggregate_id, event_
 
 const textbookMark = "UPDATE " + drainTable + " SET published_at = statement_timestamp(), attempt_count = attempt_count + 1 WHERE id = ANY($1)"
 
-// textbookDrain runs one textbook batch and returns the events marked.
-func textbookDrain(ctx context.Context, conn *pgx.Conn) (int, error) {
+// asyncCommit, joined into a statement, turns synchronous_commit off for
+// the rest of its transaction, as the store's marks do.
+const asyncCommit = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+
+// textbookMarkAsync and textbookDeleteAsync are the textbook loop's second
+// statement with asynchronous commit: marking the rows, or deleting them
+// (delete on publish).
+const (
+	textbookMarkAsync = "UPDATE " + drainTable + " SET published_at = statement_timestamp(), attempt_count = attempt_count + 1" +
+		" FROM " + asyncCommit + " WHERE id = ANY($1)"
+	textbookDeleteAsync = "DELETE FROM " + drainTable + " USING " + asyncCommit + " WHERE id = ANY($1)"
+)
+
+// rawClaimDeleteAsync claims and deletes in one statement: the least a
+// delete on publish can cost, though a store could not run it as is (a
+// failed publish would have to insert its deleted row back).
+const rawClaimDeleteAsync = "WITH claimed AS (SELECT id FROM " + drainTable +
+	" WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= statement_timestamp()" +
+	" ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED)" +
+	" DELETE FROM " + drainTable + " AS o USING claimed, " + asyncCommit +
+	" WHERE o.id = claimed.id" +
+	" RETURNING o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at," +
+	" o.published_at, o.attempt_count, o.last_error, o.next_attempt_at, o.dead_at"
+
+// textbookDrain runs one textbook batch, with mark as its second statement
+// (the claimed IDs its one argument), and returns the events marked.
+func textbookDrain(ctx context.Context, conn *pgx.Conn, mark string) (int, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return 0, err
@@ -279,7 +316,7 @@ func textbookDrain(ctx context.Context, conn *pgx.Conn) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	if _, err := tx.Exec(ctx, textbookMark, ids); err != nil {
+	if _, err := tx.Exec(ctx, mark, ids); err != nil {
 		return 0, err
 	}
 	return len(ids), tx.Commit(ctx)

@@ -78,14 +78,18 @@ cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 # go test starts packages in the order it is given them, two at a time: the
 # longest come first (the durations of a clean run's test.json; testreport
 # prints them), so that no long package starts last and runs alone. A
-# package missing from the list runs after them, in go list's order.
+# package missing from the list runs after them, in go list's order; a
+# name of the list that is no package (renamed, removed) is passed over.
 long_first=(cmd/txoutbox adapters/sqlx testing adapters/gorm bench internal/pgbouncertest adapters/pgx inbox/sqlinbox archive inbox/gorminbox logrelay)
 module=$(go list -m)
+all=$(go list ./... | grep -v '/internal/faultmatrix$')
 pkgs=()
 for p in "${long_first[@]}"; do
-	pkgs+=("$module/$p")
+	if grep -qx "$module/$p" <<<"$all"; then
+		pkgs+=("$module/$p")
+	fi
 done
-for p in $(go list ./... | grep -v '/internal/faultmatrix$'); do
+for p in $all; do
 	case " ${pkgs[*]} " in *" $p "*) ;; *) pkgs+=("$p") ;; esac
 done
 outage=$(git grep -l '^func Test[A-Za-z]*Outage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
