@@ -43,7 +43,7 @@ func TestQuickRun(t *testing.T) {
 	// One prefix per row, in the order the table prints them.
 	wantRows := []string{
 		"| a  relay drain vs raw SQL", "| a' relay drain with SyncMark", "| a'' relay drain vs the textbook",
-		"| a''' delete on publish, by hand: claim and DELETE", "| a''' delete on publish, by hand: lock, then DELETE",
+		"| a''' relay drain with DeleteOnPublish vs the relay", "| a''' relay drain with DeleteOnPublish vs lock, then DELETE", "| a''' delete on publish, by hand: claim and DELETE", "| a''' delete on publish, by hand: lock, then DELETE",
 		"| b  relay drain (batch 500, 2 workers) vs Watermill", "| b  the same at a 500 backlog", "| b' the same vs Watermill with SubscribeBatchSize 1",
 		"| c  latency p50 at 1000/s, in-process", "| c  latency p99 at 1000/s, in-process",
 		"| c  latency p50 at 1000/s, LISTEN/NOTIFY", "| c  latency p99 at 1000/s, LISTEN/NOTIFY",
@@ -79,7 +79,7 @@ func TestQuickRun(t *testing.T) {
 		"| v  console page: event detail", "| v  console page: event by ID", "| v  console page: events of one aggregate",
 		"| v  console page: ordered mode's held aggregates",
 		"| v  console page: event by ID, with the lookup indexes", "| v  console page: events of one aggregate, with the lookup indexes",
-		"| m  MariaDB relay drain", "| m''' MariaDB delete on publish, by hand", "| m' MariaDB producer tx/s with the outbox row (Enqueue:",
+		"| m  MariaDB relay drain", "| m''' MariaDB delete on publish, by hand", "| m''' MariaDB relay drain with DeleteOnPublish", "| m' MariaDB producer tx/s with the outbox row (Enqueue:",
 		"| m' MariaDB producer tx/s with the outbox row (Enqueue with SkipReadBack", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
 		"| m' MariaDB producer tx/s, a hand-written INSERT", "| m  MariaDB producer tx/s, Enqueue with SkipReadBack vs the hand-written",
 		"| m  MariaDB claim latency p50", "| m  MariaDB claim latency p99",

@@ -23,6 +23,8 @@ type drainResult struct {
 	// statement, and the textbook's lock then DELETE, against the same
 	// loops that mark (all with asynchronous commit).
 	rawDelete, lockDelete, lockMark float64
+	// relayDelete is the relay over a store with DeleteOnPublish.
+	relayDelete float64
 }
 
 func (d drainResult) rows() []row {
@@ -33,6 +35,10 @@ func (d drainResult) rows() []row {
 			unit: "/s", target: "—"},
 		{name: "a'' relay drain vs the textbook raw loop (SELECT ... FOR UPDATE SKIP LOCKED, then UPDATE ... WHERE id = ANY)", value: d.relay, baseline: d.textbook,
 			unit: "/s", target: "—"},
+		{name: "a''' relay drain with DeleteOnPublish vs the relay that marks (its default)", value: d.relayDelete, baseline: d.relay,
+			unit: "/s", target: "—"},
+		{name: "a''' relay drain with DeleteOnPublish vs lock, then DELETE by hand (the same statements)", value: d.relayDelete, baseline: d.lockDelete,
+			unit: "/s", target: "≥ 90 %", pass: d.relayDelete >= 0.9*d.lockDelete, verdict: true},
 		{name: "a''' delete on publish, by hand: claim and DELETE in one statement vs raw SQL claim+mark (both asynchronous commit)", value: d.rawDelete, baseline: d.raw,
 			unit: "/s", target: "—"},
 		{name: "a''' delete on publish, by hand: lock, then DELETE vs lock, then UPDATE (the textbook loop, both asynchronous commit)", value: d.lockDelete, baseline: d.lockMark,
@@ -71,6 +77,10 @@ func (b *bench) drain(ctx context.Context) (drainResult, error) {
 	if err != nil {
 		return res, err
 	}
+	relayDelete, err := b.drainRelay(ctx, b.db, sqlxoutbox.Options{DeleteOnPublish: true})
+	if err != nil {
+		return res, err
+	}
 	conn, err := pgx.Connect(ctx, b.dsn)
 	if err != nil {
 		return res, err
@@ -85,12 +95,13 @@ func (b *bench) drain(ctx context.Context) (drainResult, error) {
 		{name: "raw_delete", batch: func() (int, error) { return rawDrain(ctx, conn, rawClaimDeleteAsync, 1) }},
 		{name: "lock_delete", batch: func() (int, error) { return textbookDrain(ctx, conn, textbookDeleteAsync) }},
 		{name: "lock_mark", batch: func() (int, error) { return textbookDrain(ctx, conn, textbookMarkAsync) }},
+		{name: "relay_delete", batch: relayDelete},
 	}
 	if err := b.takeTurns(ctx, "drain", b.filler(drainTable), sides); err != nil {
 		return res, err
 	}
 	res.raw, res.relay, res.relaySync, res.rawSync, res.textbook = sides[0].rate(), sides[1].rate(), sides[2].rate(), sides[3].rate(), sides[4].rate()
-	res.rawDelete, res.lockDelete, res.lockMark = sides[5].rate(), sides[6].rate(), sides[7].rate()
+	res.rawDelete, res.lockDelete, res.lockMark, res.relayDelete = sides[5].rate(), sides[6].rate(), sides[7].rate(), sides[8].rate()
 	return res, nil
 }
 

@@ -47,17 +47,28 @@ func (q *Queries) ClearLastError(seqs []int64) (string, []any) {
 
 // updateSeqs returns the UPDATE of the rows of seqs with the SET list set,
 // whose columns are unqualified. On MySQL the list is joined through
-// JSON_TABLE, which the optimizer reads first and joins on the primary
-// key; a single-table UPDATE ... WHERE id IN (subquery) may scan the table.
+// JSON_TABLE (mysqlJoinSeqs).
 func (q *Queries) updateSeqs(set string, seqs []int64) (string, []any) {
 	if q.d.kind == kindMySQL {
-		return "UPDATE " + q.t + " JOIN " + mysqlSeqTable + " AS j ON " + q.t + ".id = j.seq SET " + set, []any{q.seqArg(seqs)}
+		return "UPDATE " + mysqlSeqTable + " AS j " + q.mysqlJoinSeqs("j") + " SET " + set, []any{q.seqArg(seqs)}
 	}
 	return q.d.rebind("UPDATE " + q.t + " SET " + set + " WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
 }
 
 // mysqlSeqTable is the table of a JSON array of Seqs (seqArg) on MySQL.
 const mysqlSeqTable = "JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$'))"
+
+// mysqlJoinSeqs joins the outbox table, as o, to the JSON_TABLE of Seqs
+// named list, which is read first: each Seq then finds its row by primary
+// key and only the rows of the list are locked. Left to itself the
+// optimizer reads the outbox first when its statistics say it is small (a
+// new or a drained table) and locks every row it reads, rows other
+// relays' claims hold among them: MariaDB then reported deadlocks between
+// concurrent relays' outcomes (a DELETE of published rows and the UPDATE of
+// failed ones), each of which rolled a claim back and sent its batch again.
+func (q *Queries) mysqlJoinSeqs(list string) string {
+	return "STRAIGHT_JOIN " + q.t + " AS o FORCE INDEX (PRIMARY) ON o.id = " + list + ".seq"
+}
 
 // failureJSON is one failure as MarkFailed sends it to the database.
 type failureJSON struct {
@@ -116,8 +127,8 @@ func (q *Queries) markFailed(fs []core.Failure, count bool) (string, []any, erro
 		if !count {
 			set = "o.published_at = NULL"
 		}
-		s = "UPDATE " + q.t + " AS o JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$.seq', err LONGTEXT PATH '$.err'," +
-			" retry_us BIGINT PATH '$.retry_us', dead INT PATH '$.dead_i')) AS f ON o.id = f.seq" +
+		s = "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$.seq', err LONGTEXT PATH '$.err'," +
+			" retry_us BIGINT PATH '$.retry_us', dead INT PATH '$.dead_i')) AS f " + q.mysqlJoinSeqs("f") +
 			" SET " + set + ", o.last_error = f.err, o.next_attempt_at = " + now + " + INTERVAL f.retry_us MICROSECOND," +
 			" o.dead_at = CASE WHEN f.dead = 1 THEN " + now + " END"
 	case kindSQLite:
@@ -129,4 +140,21 @@ func (q *Queries) markFailed(fs []core.Failure, count bool) (string, []any, erro
 			" WHERE o.id = f.seq"
 	}
 	return q.d.rebind(s), []any{string(js)}, nil
+}
+
+// DeletePublishedNow returns one DELETE of the rows of seqs: the events a
+// relay published, for a store that deletes them on publish instead of
+// marking them (sqlxoutbox.Options.DeleteOnPublish). With async on
+// PostgreSQL the same statement turns synchronous_commit off for the rest
+// of its transaction, as MarkPublishedAsync does: a delete lost in a crash
+// of the database leaves its events pending, published again.
+func (q *Queries) DeletePublishedNow(seqs []int64, async bool) (string, []any) {
+	switch {
+	case q.d.kind == kindMySQL:
+		return "DELETE o FROM " + mysqlSeqTable + " AS j " + q.mysqlJoinSeqs("j"), []any{q.seqArg(seqs)}
+	case q.d.kind == kindPostgres && async:
+		return q.d.rebind("DELETE FROM " + q.t + " USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit" +
+			" WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
+	}
+	return q.d.rebind("DELETE FROM " + q.t + " WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
 }

@@ -181,7 +181,7 @@ func (q *Queries) LockOrdered(seqs []int64) (string, []any) {
 	for i, c := range cols {
 		cols[i] = "o." + c
 	}
-	return "SELECT " + strings.Join(cols, ", ") + " FROM " + q.t + " AS o JOIN " + mysqlSeqTable + " AS j ON o.id = j.seq" +
+	return "SELECT " + strings.Join(cols, ", ") + " FROM " + mysqlSeqTable + " AS j " + q.mysqlJoinSeqs("j") +
 		" WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.next_attempt_at <= " + q.d.now() +
 		" ORDER BY o.id FOR UPDATE", []any{q.seqArg(seqs)}
 }

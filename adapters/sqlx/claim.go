@@ -23,7 +23,9 @@ import (
 // is as safe as marking afterwards). On a pool of pgx's stdlib driver the
 // claim runs on pgx's own connection, reserved from the pool: BEGIN travels
 // with the claim and the outcome with COMMIT, two round trips a batch, and
-// rows are scanned without database/sql's conversions.
+// rows are scanned without database/sql's conversions. With
+// Options.DeleteOnPublish the claim only locks the rows, as on MySQL, and
+// Commit deletes the published ones.
 //
 // An ordered claim (req.Ordered) on PostgreSQL is a transaction that first
 // takes the advisory lock of each requested partition no other claim holds,
@@ -49,8 +51,9 @@ func (o *Outbox) claim(ctx context.Context, req core.ClaimRequest) (core.Claim, 
 		query, args := o.q.Claim(req.Limit, o.opts.ClaimLease)
 		return o.claims.QueryLeased(ctx, query, args, dialect.SortClaimed)
 	}
-	if !o.d.ClaimMarks() {
-		// MySQL: lock the rows now, mark them with the outcome.
+	if !o.d.ClaimMarks() || o.opts.DeleteOnPublish {
+		// MySQL, or rows deleted on publish: lock the rows now, mark or
+		// delete them with the outcome.
 		tx, err := o.claims.Begin(ctx)
 		if err != nil {
 			return nil, err

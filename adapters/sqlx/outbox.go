@@ -163,6 +163,17 @@ type Options struct {
 	// read-back SELECT). Set it when the producer does not use Seq or
 	// CreatedAt after Enqueue; tests asserting on them should not.
 	SkipReadBack bool
+	// DeleteOnPublish makes the relay delete each event's row once the
+	// broker has taken it, in the claim's transaction, instead of marking
+	// it published. Failed events are kept and retried as without it, and
+	// dead letters stay until they are purged. It is for outboxes that keep
+	// no history: published events are gone at once from Stats, the
+	// console, archive and replay, and cleanup has nothing left to delete.
+	// On PostgreSQL the claim then locks the rows and the commit deletes
+	// them, which docs/performance.md measures against a claim that marks
+	// them. A producer that enqueues an event ID again after its row was
+	// deleted is not refused.
+	DeleteOnPublish bool
 	// Logger receives the adapter's warnings. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -240,7 +251,7 @@ func NewDB(db *sql.DB, opts Options) (*Outbox, error) {
 	return &Outbox{
 		db: db, d: opts.Dialect, q: q, opts: opts, limits: limits, wake: wake.For(db, q.Table().String()),
 		claims: &sqlclaim.Claimer{DB: db, Q: q, Log: opts.Logger, Prefix: "sqlxoutbox", AsyncMark: !opts.SyncMark,
-			TxOptions: opts.Dialect.ClaimTxOptions()},
+			Delete: opts.DeleteOnPublish, TxOptions: opts.Dialect.ClaimTxOptions()},
 		native: opts.Dialect.ClaimMode() == dialect.ClaimRowLocks && sqlclaim.Native(db),
 	}, nil
 }

@@ -71,6 +71,7 @@ func TestArchiveUsage(t *testing.T) {
 		{[]string{"archive", "--to", "file:///tmp", "--batch-size", "0", "--dsn", "sqlite:x.db"}, "--batch-size"},
 		{[]string{"replay", "--from", "file:///nonexistent-txoutbox", "--all", "--yes"}, "no broker"},
 		{[]string{"relay", "--archive-to", "file:///tmp", "--broker", "log://", "--dsn", "sqlite:x.db"}, "--archive-to needs --cleanup-interval"},
+		{[]string{"relay", "--archive-to", "file:///tmp", "--cleanup-interval", "1h", "--delete-on-publish", "--broker", "log://", "--dsn", "sqlite:x.db"}, "nothing to archive"},
 		{[]string{"relay", "--keeper", "nourl", "--broker", "log://", "--dsn", "sqlite:x.db"}, "want ID=URL"},
 	} {
 		r := run(t, "", nil, tc.args...)

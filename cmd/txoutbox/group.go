@@ -402,7 +402,7 @@ func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, states *me
 	if err != nil {
 		return err
 	}
-	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: s.Table, Logger: log, SyncMark: defaults.syncMark})
+	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: s.Table, Logger: log, SyncMark: defaults.syncMark, DeleteOnPublish: defaults.deleteOnPublish})
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,7 @@ import (
 
 type relayFlags struct {
 	syncMark        bool
+	deleteOnPublish bool
 	broker          string
 	batchSize       int
 	pollInterval    time.Duration
@@ -171,6 +172,7 @@ serves:
 	fl.StringVar(&f.stream, "stream", binlogrelay.DefaultName, "with --mode log on MySQL/MariaDB: the stream's name (its stored binlog position and its lock)")
 	fl.StringVar(&f.config, "config", "", "relay every outbox listed in this YAML file in one process (see above); SIGHUP reloads it")
 	fl.IntVar(&f.maxConnections, "max-connections", 0, "with --config: the connections the process may hold to all the outboxes' databases, shared among them (0: 16 per database)")
+	fl.BoolVar(&f.deleteOnPublish, "delete-on-publish", false, "table mode: delete each event's row once the broker took it instead of marking it published (no history: nothing for stats' published count, the console, archive or replay)")
 	fl.BoolVar(&f.syncMark, "sync-mark", false, "PostgreSQL: wait for the WAL flush of every mark (default: marks commit asynchronously; a mark lost in a database crash only re-publishes)")
 	return cmd
 }
@@ -203,6 +205,8 @@ func checkRelayFlags(f relayFlags) error {
 		return usagef("--lag-threshold %s and --stats-interval %s: want positive durations", f.lagThreshold, f.statsInterval)
 	case f.cleanupInterval < 0 || f.retention <= 0:
 		return usagef("--cleanup-interval %s: want 0 (never) or more; --retention %s: want a positive duration", f.cleanupInterval, f.retention)
+	case f.archiveTo != "" && f.deleteOnPublish:
+		return usagef("--archive-to with --delete-on-publish: published events are deleted at once, there is nothing to archive")
 	case f.archiveTo != "" && f.cleanupInterval == 0:
 		return usagef("--archive-to needs --cleanup-interval")
 	case f.mode != "table" && f.mode != "log":
@@ -262,7 +266,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 		db.db.SetMaxOpenConns(n)
 		db.db.SetMaxIdleConns(n)
 	}
-	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: a.table, Logger: a.log, SyncMark: f.syncMark})
+	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: a.table, Logger: a.log, SyncMark: f.syncMark, DeleteOnPublish: f.deleteOnPublish})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}

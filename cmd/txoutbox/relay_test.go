@@ -413,3 +413,22 @@ func TestPublishTimeoutFailsAHungBatch(t *testing.T) {
 		t.Fatalf("negative --publish-timeout: exit %d\n%s", bad.code, bad.stderr)
 	}
 }
+
+// TestRelayDeleteOnPublish: with --delete-on-publish the relay deletes what
+// the broker took and keeps what failed, with its error.
+func TestRelayDeleteOnPublish(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	created := f.enqueue(t, "order.created", "a1", 3)
+	f.enqueue(t, "order.paid", "a2", 2)
+	r := ok(t, f.dsn, "relay", "--broker", "log://?fail_types=order.paid", "--max-attempts", "1", "--drain", "--http-addr", "", "--delete-on-publish")
+	if got := sinkIDs(t, r.stdout); len(got) != 3 || got[0] != created[0].ID {
+		t.Fatalf("published %v, want the 3 order.created events", got)
+	}
+	if n := f.count(t, "1=1"); n != 2 {
+		t.Errorf("%d rows left, want the 2 failed order.paid events", n)
+	}
+	if n := f.count(t, "event_type = 'order.paid' AND dead_at IS NOT NULL AND last_error <> ''"); n != 2 {
+		t.Errorf("%d dead order.paid rows with their error, want 2", n)
+	}
+}

@@ -34,6 +34,9 @@ type Claimer struct {
 	// AsyncMark marks published events with Q.MarkPublishedAsync, which
 	// commits the claim with synchronous_commit off on PostgreSQL.
 	AsyncMark bool
+	// Delete deletes published events (Q.DeletePublishedNow) instead of
+	// marking them; AsyncMark applies to the DELETE as to the mark.
+	Delete bool
 	// TxOptions are the claim transactions' (Dialect.ClaimTxOptions).
 	TxOptions *sql.TxOptions
 }
@@ -110,16 +113,22 @@ func (c *Claimer) QueryLeased(ctx context.Context, query string, args []any, sor
 	return &leaseClaim{base: newBase(evs), c: c}, nil
 }
 
-// Mark runs the outcome's UPDATEs on tx: one for every published event and,
-// only when some failed, one for every failure.
+// Mark runs the outcome's statements on tx: one for every published event
+// (an UPDATE, or with Delete a DELETE) and, only when some failed, one
+// UPDATE for every failure.
 func (c *Claimer) Mark(ctx context.Context, tx Execer, out core.Outcome) error {
 	if len(out.Published) > 0 {
 		query, args := c.Q.MarkPublished(out.Published)
-		if c.AsyncMark {
+		what := "mark"
+		switch {
+		case c.Delete:
+			query, args = c.Q.DeletePublishedNow(out.Published, c.AsyncMark)
+			what = "delete"
+		case c.AsyncMark:
 			query, args = c.Q.MarkPublishedAsync(out.Published)
 		}
 		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
-			return fmt.Errorf("%s: mark %d published: %w", c.Prefix, len(out.Published), err)
+			return fmt.Errorf("%s: %s %d published: %w", c.Prefix, what, len(out.Published), err)
 		}
 	}
 	if len(out.Failed) > 0 {
