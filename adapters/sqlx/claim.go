@@ -25,7 +25,8 @@ import (
 // with the claim and the outcome with COMMIT, two round trips a batch, and
 // rows are scanned without database/sql's conversions. With
 // Options.DeleteOnPublish the claim only locks the rows, as on MySQL, and
-// Commit deletes the published ones.
+// Commit deletes the published ones (on pgx's connection too, with the
+// same two round trips).
 //
 // An ordered claim (req.Ordered) on PostgreSQL is a transaction that first
 // takes the advisory lock of each requested partition no other claim holds,
@@ -54,11 +55,14 @@ func (o *Outbox) claim(ctx context.Context, req core.ClaimRequest) (core.Claim, 
 	if !o.d.ClaimMarks() || o.opts.DeleteOnPublish {
 		// MySQL, or rows deleted on publish: lock the rows now, mark or
 		// delete them with the outcome.
+		query, args := o.q.Claim(req.Limit, 0)
+		if o.native {
+			return o.claims.QueryLockedNative(ctx, query, args, req.Limit)
+		}
 		tx, err := o.claims.Begin(ctx)
 		if err != nil {
 			return nil, err
 		}
-		query, args := o.q.Claim(req.Limit, 0)
 		return o.claims.QueryLocked(ctx, tx, query, args)
 	}
 	query, args := o.q.ClaimMarked(req.Limit, !o.opts.SyncMark)

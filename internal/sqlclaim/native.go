@@ -50,6 +50,17 @@ func Native(db *sql.DB) bool {
 // order; limit is the claim's LIMIT. On an error, or when nothing was
 // claimed, the connection goes back to the pool with no transaction open.
 func (c *Claimer) QueryMarkedNative(ctx context.Context, query string, args []any, limit int) (core.Claim, error) {
+	return c.queryNative(ctx, query, args, limit, false)
+}
+
+// QueryLockedNative is QueryMarkedNative for a claim query that only locks
+// its rows (dialect.Queries.Claim): Commit then writes the whole outcome
+// (Mark's statements) with COMMIT, in one round trip.
+func (c *Claimer) QueryLockedNative(ctx context.Context, query string, args []any, limit int) (core.Claim, error) {
+	return c.queryNative(ctx, query, args, limit, true)
+}
+
+func (c *Claimer) queryNative(ctx context.Context, query string, args []any, limit int, locked bool) (core.Claim, error) {
 	conn, err := c.DB.Conn(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("%s: claim: %w", c.Prefix, err)
@@ -76,7 +87,7 @@ func (c *Claimer) QueryMarkedNative(ctx context.Context, query string, args []an
 		return c.Empty(), nil
 	}
 	dialect.SortClaimed(evs)
-	return &nativeClaim{base: newBase(evs), c: c, conn: conn}, nil
+	return &nativeClaim{base: newBase(evs), c: c, conn: conn, locked: locked}, nil
 }
 
 func claimNative(ctx context.Context, pc *pgx.Conn, query string, args []any, limit int) ([]core.Event, error) {
@@ -201,20 +212,32 @@ func endNativeBatch(ctx context.Context, pc *pgx.Conn, stmt string, b *pgx.Batch
 	return err
 }
 
-// nativeClaim is a claim-and-mark claim held on a reserved connection.
+// nativeClaim is a claim held on a reserved connection: a claim-and-mark
+// claim, or with locked one whose rows are only locked.
 type nativeClaim struct {
 	base
-	c    *Claimer
-	conn *sql.Conn
+	c      *Claimer
+	conn   *sql.Conn
+	locked bool
 }
 
-// Commit turns the failed and the unmentioned events back into pending
-// ones and commits, in one round trip; the rest is then published.
+// Commit writes the outcome and commits, in one round trip: a
+// claim-and-mark claim turns the failed and the unmentioned events back
+// into pending ones (the rest is then published); a locked one runs Mark's
+// statements, and the commit releases the unmentioned events untouched.
 func (n *nativeClaim) Commit(ctx context.Context, out core.Outcome) error {
 	if err := n.finish(); err != nil {
 		return err
 	}
-	stmts, err := n.markedOutcome(n.c.Q, out)
+	var stmts []statement
+	var err error
+	if n.locked {
+		if _, err = n.check(out); err == nil {
+			stmts, err = n.c.outcome(out)
+		}
+	} else {
+		stmts, err = n.markedOutcome(n.c.Q, out)
+	}
 	if err != nil {
 		return errors.Join(err, n.end(ctx, "ROLLBACK", nil))
 	}

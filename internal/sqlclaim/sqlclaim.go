@@ -117,30 +117,42 @@ func (c *Claimer) QueryLeased(ctx context.Context, query string, args []any, sor
 // (an UPDATE, or with Delete a DELETE) and, only when some failed, one
 // UPDATE for every failure.
 func (c *Claimer) Mark(ctx context.Context, tx Execer, out core.Outcome) error {
-	if len(out.Published) > 0 {
-		query, args := c.Q.MarkPublished(out.Published)
-		what := "mark"
+	stmts, err := c.outcome(out)
+	if err != nil {
+		return err
+	}
+	for _, st := range stmts {
+		if _, err := tx.ExecContext(ctx, st.query, st.args...); err != nil {
+			return fmt.Errorf("%s: %s: %w", c.Prefix, st.what, err)
+		}
+	}
+	return nil
+}
+
+// outcome returns the statements Mark runs.
+func (c *Claimer) outcome(out core.Outcome) ([]statement, error) {
+	var stmts []statement
+	if n := len(out.Published); n > 0 {
 		switch {
 		case c.Delete:
-			query, args = c.Q.DeletePublishedNow(out.Published, c.AsyncMark)
-			what = "delete"
+			query, args := c.Q.DeletePublishedNow(out.Published, c.AsyncMark)
+			stmts = append(stmts, statement{query, args, fmt.Sprintf("delete %d published", n)})
 		case c.AsyncMark:
-			query, args = c.Q.MarkPublishedAsync(out.Published)
-		}
-		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
-			return fmt.Errorf("%s: %s %d published: %w", c.Prefix, what, len(out.Published), err)
+			query, args := c.Q.MarkPublishedAsync(out.Published)
+			stmts = append(stmts, statement{query, args, fmt.Sprintf("mark %d published", n)})
+		default:
+			query, args := c.Q.MarkPublished(out.Published)
+			stmts = append(stmts, statement{query, args, fmt.Sprintf("mark %d published", n)})
 		}
 	}
 	if len(out.Failed) > 0 {
 		query, args, err := c.Q.MarkFailed(out.Failed)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
-			return fmt.Errorf("%s: mark %d failed: %w", c.Prefix, len(out.Failed), err)
-		}
+		stmts = append(stmts, statement{query, args, fmt.Sprintf("mark %d failed", len(out.Failed))})
 	}
-	return nil
+	return stmts, nil
 }
 
 // base is what both kinds of claim share: the events, the once-only guard,
