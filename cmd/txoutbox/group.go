@@ -45,6 +45,8 @@ type outboxSpec struct {
 	PollInterval *string `yaml:"poll_interval" json:"poll_interval,omitempty"`
 	Ordering     *string `yaml:"ordering" json:"ordering,omitempty"`
 	MaxAttempts  *int    `yaml:"max_attempts" json:"max_attempts,omitempty"`
+	// DeleteOnPublish is relay --delete-on-publish for this outbox.
+	DeleteOnPublish *bool `yaml:"delete_on_publish" json:"delete_on_publish,omitempty"`
 	// Log mode: PostgreSQL's slot and publication, MySQL's stream.
 	Slot        string `yaml:"slot" json:"slot,omitempty"`
 	Publication string `yaml:"publication" json:"publication,omitempty"`
@@ -174,6 +176,9 @@ func (s *outboxSpec) resolve(defaults relayFlags, seen map[string]bool) error {
 	}
 	if s.Ordering != nil {
 		f.ordering = *s.Ordering
+	}
+	if s.DeleteOnPublish != nil {
+		f.deleteOnPublish = *s.DeleteOnPublish
 	}
 	if s.PollInterval != nil {
 		if f.pollInterval, err = time.ParseDuration(*s.PollInterval); err != nil {
@@ -402,7 +407,7 @@ func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, states *me
 	if err != nil {
 		return err
 	}
-	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: s.Table, Logger: log, SyncMark: defaults.syncMark, DeleteOnPublish: defaults.deleteOnPublish})
+	ob, err := sqlxoutbox.NewDB(db.db, sqlxoutbox.Options{Dialect: db.dialect, Table: s.Table, Logger: log, SyncMark: defaults.syncMark, DeleteOnPublish: s.flags.deleteOnPublish})
 	if err != nil {
 		return err
 	}

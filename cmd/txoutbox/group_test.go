@@ -40,6 +40,7 @@ func TestRelayConfigGroup(t *testing.T) {
     dsn_env: TXOUTBOX_TEST_B_DSN
     broker: log://
     poll_interval: 100ms
+    delete_on_publish: true
   - name: tenant-down
     dsn: postgres://nobody:secret@127.0.0.1:1/none?connect_timeout=1
     broker: log://
@@ -83,6 +84,13 @@ func TestRelayConfigGroup(t *testing.T) {
 		if !strings.Contains(body, line) {
 			t.Errorf("/metrics has no %s", line)
 		}
+	}
+	// tenant-b deletes what it published; tenant-a marks it.
+	if n := b.count(t, "1=1"); n != 0 {
+		t.Errorf("tenant-b (delete_on_publish) kept %d rows, want none", n)
+	}
+	if n := a.count(t, "published_at IS NOT NULL"); n != 5 {
+		t.Errorf("tenant-a marked %d events published, want 5", n)
 	}
 	// /healthz: the process is ready (it serves the healthy outboxes), and
 	// says what each outbox's relay does.
