@@ -53,7 +53,7 @@ type report struct {
 	timings map[string]*timing  // package + top-level test
 	failed  bool
 	pkgs    map[string]bool    // packages seen, and whether they ended
-	elapsed map[string]float64 // package -> its test binary's run time
+	elapsed map[string]float64 // package -> its test binaries' run time (summed over go test runs)
 }
 
 func newReport(out io.Writer) *report {
@@ -116,7 +116,9 @@ func (r *report) time(e event) {
 }
 
 func (r *report) printPackage(e event) {
-	r.elapsed[e.Package] = e.Elapsed
+	// make test runs some packages twice (the outage tests apart):
+	// their time is the sum.
+	r.elapsed[e.Package] += e.Elapsed
 	status := map[string]string{"pass": "ok  ", "fail": "FAIL", "skip": "?   "}[e.Action]
 	if e.Action == "skip" {
 		fmt.Fprintf(r.out, "%s\t%s\t[no test files]\n", status, e.Package)

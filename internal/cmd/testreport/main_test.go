@@ -43,6 +43,20 @@ func TestReportPrintsFailuresAndTheSlowest(t *testing.T) {
 	}
 }
 
+func TestReportSumsAPackageRunTwice(t *testing.T) {
+	var out strings.Builder
+	twice := `{"Action":"pass","Package":"example.com/a","Elapsed":10}
+{"Action":"pass","Package":"example.com/b","Elapsed":12}
+{"Action":"pass","Package":"example.com/a","Elapsed":5}
+`
+	if _, err := run(strings.NewReader(twice), &out, 2); err != nil {
+		t.Fatal(err)
+	}
+	if want := "The 2 slowest packages (their test binary's run):\n    15.0s  example.com/a\n    12.0s  example.com/b\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
+	}
+}
+
 func TestReportFailsAPackageWithoutResult(t *testing.T) {
 	var out strings.Builder
 	ok, _ := run(strings.NewReader(`{"Action":"run","Package":"example.com/c","Test":"TestX"}`+"\n"), &out, 10)
