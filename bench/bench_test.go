@@ -66,7 +66,7 @@ func TestQuickRun(t *testing.T) {
 		"| e  claim latency p50", "| e  claim latency p99",
 		"| f  producer tx/s, Enqueue in a pgx.Tx", "| f' producer tx/s, ExecWithEvents in a pgx.Tx", "| f  relay drain on the pgxpool store",
 		"| l  log-mode drain vs table mode", "| l  log-mode drain vs Watermill", "| l' log-mode drain vs reading the slot alone",
-		"| l' log-mode drain, position confirmed at once",
+		"| l' the same, streaming only", "| l' time to the first event", "| l' log-mode drain, position confirmed at once",
 		"| l  relay writes to the outbox table per event", "| l  log-mode latency p50", "| l  log-mode latency p99",
 		"| l  producer tx/s in log mode (ExecWithEvents) vs without", "| l' producer tx/s in log mode vs table mode", "| l' producer tx/s in log mode with a log relay",
 		"| r  drain of an equal 2k backlog, txoutbox (batch 500, 2 workers) vs River defaults", "| r  drain of an equal 2k backlog, txoutbox (batch 500, 2 workers) vs River tuned",

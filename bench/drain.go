@@ -46,14 +46,29 @@ func (d drainResult) rows() []row {
 	}
 }
 
-// memPublisher is the in-memory broker: it accepts every event.
-type memPublisher struct{ n atomic.Int64 }
+// memPublisher is the in-memory broker: it accepts every event. It notes
+// when its first call came and how many events that call had, for the
+// streaming rate of a drain (log mode: first event to last).
+type memPublisher struct {
+	n               atomic.Int64
+	firstAt, firstN atomic.Int64
+}
 
 func (p *memPublisher) Capabilities() core.PublisherCapabilities { return core.PublisherCapabilities{} }
 
 func (p *memPublisher) Publish(_ context.Context, evs []core.Event) error {
+	if p.firstAt.CompareAndSwap(0, time.Now().UnixNano()) {
+		p.firstN.Store(int64(len(evs)))
+	}
 	p.n.Add(int64(len(evs)))
 	return nil
+}
+
+// streamed returns the time of the first publish and the rate from there
+// to end, over the events after the first call's.
+func (p *memPublisher) streamed(end time.Time) (time.Time, float64) {
+	first := time.Unix(0, p.firstAt.Load())
+	return first, float64(p.n.Load()-p.firstN.Load()) / end.Sub(first).Seconds()
 }
 
 // drain runs scenario a: one backlog drained by five sides taking turns

@@ -59,6 +59,9 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 
 	// Drain: the same backlog for each, taking turns, round by round.
 	var logRates, tableRates, rawRates, lazyRates, vsTable, vsRaw, vsLazy []float64
+	// Streaming alone (first event to last, each side), and the time to
+	// the first event.
+	var logStream, rawStream, vsRawStream, logFirst, rawFirst []float64
 	var writes int64
 	for round := range b.c.Rounds {
 		tr, err := b.relayDrainRate(ctx, "log_versus_table", b.c.Backlog)
@@ -76,25 +79,28 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 			return nil, err
 		}
 		var lr, lz float64
+		var ld logDrain
 		for _, prompt := range []bool{round%2 == 0, round%2 != 0} {
 			if prompt {
-				r, w, err := b.logDrainRate(ctx, names, b.c.Backlog, round == 0, 0)
-				if err != nil {
+				if ld, err = b.logDrainRate(ctx, names, b.c.Backlog, round == 0, 0); err != nil {
 					return nil, err
 				}
-				lr, writes = r, writes+w
+				lr, writes = ld.rate, writes+ld.writes
 				continue
 			}
-			r, _, err := b.logDrainRate(ctx, lazy, b.c.Backlog, false, time.Hour)
+			lzd, err := b.logDrainRate(ctx, lazy, b.c.Backlog, false, time.Hour)
 			if err != nil {
 				return nil, err
 			}
-			lz = r
+			lz = lzd.rate
 		}
-		rr, err := rawSlotRate(ctx, b.dsn, raw, b.c.Backlog)
+		rd, err := rawSlotRate(ctx, b.dsn, raw, b.c.Backlog)
 		if err != nil {
 			return nil, err
 		}
+		rr := rd.rate
+		logStream, rawStream, vsRawStream = append(logStream, ld.streaming), append(rawStream, rd.streaming), append(vsRawStream, ld.streaming/rd.streaming)
+		logFirst, rawFirst = append(logFirst, ms(ld.first)), append(rawFirst, ms(rd.first))
 		b.log.Info("log drain", "round", round, "log_per_s", int(lr), "lazy_confirm_per_s", int(lz), "table_per_s", int(tr), "raw_slot_per_s", int(rr))
 		logRates, tableRates, rawRates, lazyRates = append(logRates, lr), append(tableRates, tr), append(rawRates, rr), append(lazyRates, lz)
 		vsTable, vsRaw, vsLazy = append(vsTable, lr/tr), append(vsRaw, lr/rr), append(vsLazy, lr/lz)
@@ -117,6 +123,10 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 			target: "≥ 10×", pass: median(logRates) >= 10*wm, verdict: true},
 		row{name: "l' log-mode drain vs reading the slot alone (walsender decoding and transfer, no JSON, no publish)",
 			value: median(logRates), baseline: median(rawRates), ratios: vsRaw, unit: "/s", target: "—"},
+		row{name: "l' the same, streaming only: first event to last on each side (the relay's connection, setup and first batch left out, as the reader's)",
+			value: median(logStream), baseline: median(rawStream), ratios: vsRawStream, unit: "/s", target: "≥ 95 %", pass: median(vsRawStream) >= 0.95, verdict: true},
+		row{name: "l' time to the first event: the relay (from Run) vs the slot reader (from START_REPLICATION, once connected)",
+			value: median(logFirst), baseline: median(rawFirst), unit: "ms", ratioX: true, target: "—"},
 		row{name: "l' log-mode drain, position confirmed at once (the default) vs only with the status sent every second (ConfirmInterval 1h)",
 			value: median(logRates), baseline: median(lazyRates), ratios: vsLazy, unit: "/s", target: "—"},
 		row{name: "l  relay writes to the outbox table per event in log mode (rows written / events drained)",
@@ -202,28 +212,38 @@ func (b *bench) advanceSlots(ctx context.Context, slots ...logrelay.Names) error
 	return nil
 }
 
+// logDrain is one drain of a backlog from a slot: its rate from the start,
+// its rate from the first event to the last, the time to the first event,
+// and the rows written to the table.
+type logDrain struct {
+	rate, streaming float64
+	first           time.Duration
+	writes          int64
+}
+
 // logDrainRate runs a fresh log relay until it published n events from its
-// slot, and returns its rate and the rows it wrote to the table. With
-// BENCH_LOG_PROFILE set (a file name), the first drain is CPU-profiled.
-func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, first bool, confirmInterval time.Duration) (float64, int64, error) {
+// slot. With BENCH_LOG_PROFILE set (a file name), the first drain is
+// CPU-profiled.
+func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, first bool, confirmInterval time.Duration) (logDrain, error) {
+	var d logDrain
 	store, err := b.store(b.db, names.Table, sqlxoutbox.Options{})
 	if err != nil {
-		return 0, 0, err
+		return d, err
 	}
 	pub := &memPublisher{}
 	r, err := logrelay.New(store, pub, logrelay.Options{ConnString: b.dsn, Names: names, ConfirmInterval: confirmInterval,
 		Relay: core.RelayOptions{BatchSize: backlogBatchSize, Logger: b.quiet}})
 	if err != nil {
-		return 0, 0, err
+		return d, err
 	}
 	if path := os.Getenv("BENCH_LOG_PROFILE"); path != "" && first {
 		f, err := os.Create(path)
 		if err != nil {
-			return 0, 0, err
+			return d, err
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return 0, 0, err
+			return d, err
 		}
 		defer pprof.StopCPUProfile()
 	}
@@ -237,19 +257,22 @@ func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, f
 	for r.Counters().Published < int64(n) {
 		select {
 		case err := <-done:
-			return 0, 0, fmt.Errorf("log relay stopped: %w", err)
+			return d, fmt.Errorf("log relay stopped: %w", err)
 		case <-ctx.Done():
-			return 0, 0, ctx.Err()
+			return d, ctx.Err()
 		case <-tick.C:
 		}
 	}
-	el := time.Since(start)
+	end := time.Now()
+	el := end.Sub(start)
+	firstAt, streaming := pub.streamed(end)
+	d.rate, d.streaming, d.first = float64(n)/el.Seconds(), streaming, firstAt.Sub(start)
 	// Let it confirm, so that the next round starts past this backlog.
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		st, err := logrelay.Status(ctx, b.dsn, names)
 		if err != nil {
-			return 0, 0, err
+			return d, err
 		}
 		if st.UnconfirmedBytes < 1<<20 {
 			break
@@ -258,44 +281,47 @@ func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, f
 	}
 	cancel()
 	if err := <-done; err != nil {
-		return 0, 0, err
+		return d, err
 	}
 	var rows int64
 	if err := b.db.QueryRowContext(ctx, "SELECT count(*) FROM "+names.Table).Scan(&rows); err != nil {
-		return 0, 0, err
+		return d, err
 	}
-	return float64(n) / el.Seconds(), r.Counters().TableWrites + rows, nil
+	d.writes = r.Counters().TableWrites + rows
+	return d, nil
 }
 
 // rawSlotRate reads n of the outbox's messages from the slot with nothing
 // but the replication protocol and pgoutput's framing: what the server's
 // walsender and the connection give, before any JSON, batching or publish.
 // It confirms what it read, so that the next round starts past it.
-func rawSlotRate(ctx context.Context, dsn string, names logrelay.Names, n int) (float64, error) {
+func rawSlotRate(ctx context.Context, dsn string, names logrelay.Names, n int) (logDrain, error) {
+	var d logDrain
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
-		return 0, err
+		return d, err
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return 0, err
+		return d, err
 	}
 	defer conn.Close(context.Background())
 	start := time.Now()
 	if err := pglogrepl.StartReplication(ctx, conn, names.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + names.Publication + "'", "messages 'true'"},
 	}); err != nil {
-		return 0, err
+		return d, err
 	}
 	var got int
+	var firstAt time.Time
 	var end pglogrepl.LSN // of the latest transaction read whole
 	for got < n || end == 0 {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		msg, err := conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {
-			return 0, fmt.Errorf("after %d messages: %w", got, err)
+			return d, fmt.Errorf("after %d messages: %w", got, err)
 		}
 		cd, ok := msg.(*pgproto3.CopyData)
 		if !ok || len(cd.Data) == 0 || cd.Data[0] != pglogrepl.XLogDataByteID {
@@ -303,28 +329,33 @@ func rawSlotRate(ctx context.Context, dsn string, names logrelay.Names, n int) (
 		}
 		xld, err := pglogrepl.ParseXLogData(cd.Data[1:])
 		if err != nil {
-			return 0, err
+			return d, err
 		}
 		if len(xld.WALData) == 0 {
 			continue
 		}
 		switch pglogrepl.MessageType(xld.WALData[0]) {
 		case pglogrepl.MessageTypeMessage:
+			if got == 0 {
+				firstAt = time.Now()
+			}
 			got++
 			end = 0
 		case pglogrepl.MessageTypeCommit:
 			var c pglogrepl.CommitMessage
 			if err := c.Decode(xld.WALData[1:]); err != nil {
-				return 0, err
+				return d, err
 			}
 			end = c.TransactionEndLSN
 		}
 	}
-	el := time.Since(start)
+	finished := time.Now()
+	el := finished.Sub(start)
 	if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: end}); err != nil {
-		return 0, err
+		return d, err
 	}
-	return float64(n) / el.Seconds(), nil
+	d.rate, d.streaming, d.first = float64(n)/el.Seconds(), float64(n-1)/finished.Sub(firstAt).Seconds(), firstAt.Sub(start)
+	return d, nil
 }
 
 // logLatency runs producers at LatencyRate for LatencyFor, each event in a
