@@ -154,7 +154,7 @@ func (r *report) finish(top int) bool {
 	}
 	sort.Slice(pkgs, func(i, j int) bool { return r.elapsed[pkgs[i]] > r.elapsed[pkgs[j]] })
 	if n := min(top, len(pkgs)); n > 0 {
-		fmt.Fprintf(r.out, "\nThe %d slowest packages (their test binary's run):\n", n)
+		fmt.Fprintf(r.out, "\nThe %d slowest packages (their test binaries' run time, summed over go test runs):\n", n)
 		for _, p := range pkgs[:n] {
 			fmt.Fprintf(r.out, "%8.1fs  %s\n", r.elapsed[p], strings.TrimPrefix(p, "github.com/txoutbox/txoutbox/"))
 		}

@@ -32,7 +32,7 @@ func TestReportPrintsFailuresAndTheSlowest(t *testing.T) {
 		"    b_test.go:9: the reason\n",
 		"FAIL\texample.com/b\t2.100s\n",
 		"The 2 slowest tests (start to the end of their last subtest):\n    20.0s  example.com/a  TestSlow\n     2.0s  example.com/b  TestBroken\n",
-		"The 2 slowest packages (their test binary's run):\n    10.0s  example.com/a\n     2.1s  example.com/b\n",
+		"The 2 slowest packages (their test binaries' run time, summed over go test runs):\n    10.0s  example.com/a\n     2.1s  example.com/b\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
@@ -52,7 +52,7 @@ func TestReportSumsAPackageRunTwice(t *testing.T) {
 	if _, err := run(strings.NewReader(twice), &out, 2); err != nil {
 		t.Fatal(err)
 	}
-	if want := "The 2 slowest packages (their test binary's run):\n    15.0s  example.com/a\n    12.0s  example.com/b\n"; !strings.Contains(out.String(), want) {
+	if want := "The 2 slowest packages (their test binaries' run time, summed over go test runs):\n    15.0s  example.com/a\n    12.0s  example.com/b\n"; !strings.Contains(out.String(), want) {
 		t.Errorf("output lacks %q:\n%s", want, out.String())
 	}
 }
