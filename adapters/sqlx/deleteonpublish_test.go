@@ -63,9 +63,8 @@ func TestDeleteOnPublish(t *testing.T) {
 			if got := e.get(t, evs[2].ID); got.DeadAt == nil {
 				t.Errorf("dead letter: %+v, want kept as dead", got)
 			}
-			var rows int
-			if err := e.db.QueryRow("SELECT COUNT(*) FROM outbox_events").Scan(&rows); err != nil || rows != 2 {
-				t.Errorf("%d rows in the outbox (%v), want 2 (the failed event and the dead letter)", rows, err)
+			if rows := e.rows(t); rows != 2 {
+				t.Errorf("%d rows in the outbox, want 2 (the failed event and the dead letter)", rows)
 			}
 			s, err := e.box.Stats(ctx)
 			if err != nil || s.Pending != 1 || s.Dead != 1 {
@@ -112,9 +111,8 @@ func TestDeleteOnPublishOrdered(t *testing.T) {
 				}
 				last[ev.AggregateID] = ev.Seq
 			}
-			var rows int
-			if err := e.db.QueryRow("SELECT COUNT(*) FROM outbox_events").Scan(&rows); err != nil || rows != 0 {
-				t.Errorf("%d rows left in the outbox (%v), want none", rows, err)
+			if rows := e.rows(t); rows != 0 {
+				t.Errorf("%d rows left in the outbox, want none", rows)
 			}
 		})
 	}

@@ -74,6 +74,16 @@ func newEnv(t testing.TB, b backend, opts sqlxoutbox.Options) *env {
 	return &env{b: b, db: s.X, box: s.Box, s: s}
 }
 
+// rows counts the rows of the outbox table.
+func (e *env) rows(t testing.TB) int {
+	t.Helper()
+	var n int
+	if err := e.db.QueryRow("SELECT COUNT(*) FROM outbox_events").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // enqueue writes one order row and its events in one transaction, and
 // commits or rolls back.
 func (e *env) enqueue(t testing.TB, commit bool, evs ...core.Event) []core.Event {

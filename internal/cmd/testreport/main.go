@@ -1,7 +1,7 @@
 // Command testreport reads `go test -json` on stdin and prints what a plain
 // `go test` prints (each package's ok or FAIL line, and the output of the
-// tests that failed), then the slowest tests and packages of the run, so that the next
-// slowdown is seen when it lands. It exits 1 when a test or a package
+// tests that failed), then the slowest tests and packages of the run, so
+// that the next slowdown is seen when it lands. It exits 1 when a test or a package
 // failed, or when the stream ended without a package result (a build
 // failure, a killed go test).
 //
