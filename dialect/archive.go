@@ -14,6 +14,14 @@ func (q *Queries) ListPublished(before time.Time, limit int) (string, []any) {
 // published before the given time. An event made pending again since it was
 // listed (a replay) is kept: its row no longer matches what was archived.
 func (q *Queries) DeleteArchived(seqs []int64, before time.Time) (string, []any) {
+	if q.d.kind == kindMySQL {
+		// Joined as the relay's outcomes are (mysqlJoinSeqs): with IN
+		// (SELECT … FROM JSON_TABLE) MariaDB reads the outbox's primary
+		// key from its start and locks every row it passes, the rows the
+		// relays claim among them.
+		return "DELETE o FROM " + mysqlSeqTable + " AS j " + q.mysqlJoinSeqs("j") + " WHERE o.published_at < ?",
+			[]any{q.seqArg(seqs), q.d.TimeArg(before)}
+	}
 	return q.d.rebind("DELETE FROM " + q.t + " WHERE id " + q.seqMatch() + " AND published_at < ?"),
 		[]any{q.seqArg(seqs), q.d.TimeArg(before)}
 }

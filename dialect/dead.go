@@ -36,7 +36,17 @@ type Page struct {
 func (q *Queries) deadWhere(f DeadFilter) (string, []any, error) {
 	w := []string{"dead_at IS NOT NULL"}
 	var args []any
-	if len(f.Seqs) > 0 {
+	switch {
+	case len(f.Seqs) > 0 && q.d.kind == kindMySQL:
+		// One placeholder per Seq, an operator's short list: MariaDB finds
+		// each by primary key, where IN (SELECT … FROM JSON_TABLE) reads
+		// the key from its start and, in RetryDead and PurgeDead, locks
+		// every row it passes, the rows the relays claim among them.
+		w = append(w, "id IN (?"+strings.Repeat(", ?", len(f.Seqs)-1)+")")
+		for _, s := range f.Seqs {
+			args = append(args, s)
+		}
+	case len(f.Seqs) > 0:
 		w = append(w, "id "+q.seqMatch())
 		args = append(args, q.seqArg(f.Seqs))
 	}

@@ -209,17 +209,16 @@ func (q *Queries) GetByEventID(eventID string) (string, []any, error) {
 // GetBySeq returns the query for the event at seq (the primary key).
 func (q *Queries) GetBySeq(seq int64) (string, []any) { return q.seq, []any{seq} }
 
-// seqMatch is the condition "id is one of the list passed as seqArg". On
-// PostgreSQL it is = ANY of an array that travels as text, which any driver
-// can bind, and which the planner turns into one index scan.
+// seqMatch is the condition "id is one of the list passed as seqArg", on
+// PostgreSQL and SQLite. On PostgreSQL it is = ANY of an array that travels
+// as text, which any driver can bind, and which the planner turns into one
+// index scan. MySQL has no such condition that MariaDB answers by primary
+// key: with IN (SELECT … FROM JSON_TABLE) it reads the key from its start
+// and locks every row it passes, so its statements join the list
+// (mysqlJoinSeqs) or spell it out.
 func (q *Queries) seqMatch() string {
-	switch q.d.kind {
-	case kindPostgres:
+	if q.d.kind == kindPostgres {
 		return "= ANY(CAST(CAST(? AS text) AS bigint[]))"
-	case kindMySQL:
-		// For the operators' filters, which also select dead_at IS NOT
-		// NULL by its index; hot paths join instead (updateSeqs).
-		return "IN (SELECT seq FROM " + mysqlSeqTable + " AS j)"
 	}
 	return "IN " + q.seqSet()
 }

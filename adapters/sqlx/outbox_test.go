@@ -2,6 +2,7 @@ package sqlxoutbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"slices"
 	"strings"
@@ -597,6 +598,76 @@ func TestDeadLetterRetryAndPurge(t *testing.T) {
 			t.Errorf("RetryDead(All) on no dead = %d, %v", n, err)
 		}
 	})
+}
+
+// On MariaDB an operator's retry or purge by Seq, and the archiver's
+// delete, find their rows by primary key: with IN (SELECT … FROM
+// JSON_TABLE) they read the whole outbox, locking each row read.
+func TestMySQLBySeqStatementsUseThePrimaryKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backends[slices.IndexFunc(backends, func(b backend) bool { return b.d == dialect.MySQL })], sqlxoutbox.Options{})
+	ctx := context.Background()
+	evs := e.enqueue(t, true, events(60, "e", 6)...)
+	var fs []core.Failure
+	for _, ev := range evs[:20] {
+		fs = append(fs, core.Failure{Seq: ev.Seq, Err: "boom", Dead: true})
+	}
+	if err := e.claim(t, 40).Commit(ctx, core.Outcome{Failed: fs, Published: seqsOf(evs[20:40])}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.ExecContext(ctx, "ANALYZE TABLE outbox_events"); err != nil {
+		t.Fatal(err)
+	}
+	q, err := dialect.MySQL.Queries("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	two := dialect.DeadFilter{Seqs: seqsOf(evs[3:5])}
+	retry, retryArgs, err := q.RetryDead(two)
+	if err != nil {
+		t.Fatal(err)
+	}
+	purge, purgeArgs, err := q.PurgeDead(two)
+	if err != nil {
+		t.Fatal(err)
+	}
+	del, delArgs := q.DeleteArchived(seqsOf(evs[25:27]), time.Now().Add(time.Hour))
+	for name, s := range map[string]struct {
+		query string
+		args  []any
+	}{"RetryDead": {retry, retryArgs}, "PurgeDead": {purge, purgeArgs}, "DeleteArchived": {del, delArgs}} {
+		rows, err := e.db.QueryContext(ctx, "EXPLAIN "+s.query, s.args...)
+		if err != nil {
+			t.Fatalf("EXPLAIN %s: %v", name, err)
+		}
+		cols, _ := rows.Columns()
+		found := false
+		for rows.Next() {
+			vals := make([]sql.NullString, len(cols))
+			ptrs := make([]any, len(cols))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				t.Fatal(err)
+			}
+			row := map[string]string{}
+			for i, c := range cols {
+				row[c] = vals[i].String
+			}
+			if row["table"] != "outbox_events" && row["table"] != "o" {
+				continue
+			}
+			found = true
+			if row["key"] != "PRIMARY" || row["type"] == "ALL" || row["type"] == "index" {
+				t.Errorf("%s reads the outbox by %q (%s, %s rows): %s", name, row["key"], row["type"], row["rows"], s.query)
+			}
+		}
+		rows.Close()
+		if !found {
+			t.Errorf("%s: EXPLAIN shows no read of the outbox", name)
+		}
+	}
 }
 
 func TestReplay(t *testing.T) {
