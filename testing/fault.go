@@ -255,9 +255,10 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 	// The fault's backlog drains at the relay's pace: a second per hundred
 	// committed events on top of the delivery timeout (long faults on a
 	// slow store build up thousands).
-	ctx, cancel := timeout(t, 2*b.deliveryTimeout(t)+fault.Duration+time.Duration(len(committed)/100)*time.Second)
+	wait := 2*b.deliveryTimeout(t) + fault.Duration + time.Duration(len(committed)/100)*time.Second
+	ctx, cancel := timeout(t, wait)
 	defer cancel()
-	if missing := awaitEffects(t, ctx, in, committed); missing > 0 {
+	if missing := awaitEffects(t, ctx, in, committed, wait); missing > 0 {
 		t.Errorf("%s: %d of %d committed events never took effect", fault.Name, missing, len(committed))
 	}
 	// Let redeliveries in flight land before counting effects.

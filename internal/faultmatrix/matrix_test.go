@@ -133,6 +133,7 @@ func (c *cell) store(t *testing.T) *outboxtest.StoreFixture {
 	t.Cleanup(func() { direct.Close() })
 	// A pool the "pool exhausted" fault can take whole.
 	direct.SetMaxOpenConns(4)
+	direct.SetMaxIdleConns(4)
 	c.dsn, c.producers = dsn, direct
 	fx := sqlfixture.New(t, direct, dialect.Postgres, sqlfixture.Options{SkipInbox: true})
 	u, _ := url.Parse(dsn)
@@ -181,6 +182,7 @@ func (c *cell) mariaDBStore(t *testing.T) *outboxtest.StoreFixture {
 	}
 	t.Cleanup(func() { direct.Close() })
 	direct.SetMaxOpenConns(4)
+	direct.SetMaxIdleConns(4)
 	c.dsn, c.producers = dsn, direct
 	fx := sqlfixture.New(t, direct, dialect.MySQL, sqlfixture.Options{SkipInbox: true})
 	cfg, err := mysql.ParseDSN(dsn)

@@ -62,7 +62,7 @@ func OpenPostgresDSN(t testing.TB, dsn string) *sql.DB {
 	if err != nil {
 		t.Fatalf("open postgres: %v", err)
 	}
-	db.SetMaxOpenConns(MaxOpenConns)
+	sqlfixture.SizePool(db)
 	t.Cleanup(func() { db.Close() })
 	return db
 }
@@ -92,7 +92,7 @@ func OpenMySQL(t testing.TB, params ...string) *sql.DB {
 	if err != nil {
 		t.Fatalf("open mysql: %v", err)
 	}
-	db.SetMaxOpenConns(MaxOpenConns)
+	sqlfixture.SizePool(db)
 	t.Cleanup(func() { db.Close() })
 	return db
 }

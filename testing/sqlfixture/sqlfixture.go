@@ -58,6 +58,16 @@ const DefaultOrdersTable = "txoutbox_fixture_orders"
 // subtests do not exhaust the server's max_connections.
 const MaxOpenConns = 16
 
+// SizePool caps db at MaxOpenConns connections and keeps as many idle.
+// database/sql keeps 2 idle by default: a test with more concurrent users
+// than that closes a connection after nearly every transaction and opens
+// another, and each new PostgreSQL connection forks and initialises a
+// server process (a tenth of PostgreSQL's CPU under make test, by perf).
+func SizePool(db *sql.DB) {
+	db.SetMaxOpenConns(MaxOpenConns)
+	db.SetMaxIdleConns(MaxOpenConns)
+}
+
 // Options configures Open. Zero fields take their defaults.
 type Options struct {
 	// Table is the outbox table. Default dialect.DefaultTable.
@@ -109,7 +119,7 @@ func Open(t testing.TB, dsn string, opts Options) *DB {
 		if err != nil {
 			t.Fatalf("sqlfixture: open postgres: %v", err)
 		}
-		db.SetMaxOpenConns(MaxOpenConns)
+		SizePool(db)
 		t.Cleanup(func() { db.Close() })
 		return New(t, db, dialect.Postgres, opts)
 	case mysqldsn.IsURL(dsn):
@@ -117,7 +127,7 @@ func Open(t testing.TB, dsn string, opts Options) *DB {
 		if err != nil {
 			t.Fatalf("sqlfixture: open mysql: %v", err)
 		}
-		db.SetMaxOpenConns(MaxOpenConns)
+		SizePool(db)
 		t.Cleanup(func() { db.Close() })
 		return New(t, db, dialect.MySQL, opts)
 	case dsn == "sqlite:" || dsn == "sqlite":
@@ -352,7 +362,7 @@ func (f *DB) Crash(ctx context.Context) error {
 		return fmt.Errorf("sqlfixture: terminate connections: %w", err)
 	}
 	f.DB.SetMaxIdleConns(0)
-	f.DB.SetMaxIdleConns(2)
+	f.DB.SetMaxIdleConns(MaxOpenConns)
 	return nil
 }
 
@@ -434,11 +444,12 @@ func CreateMySQLDatabase(t testing.TB, adminURL string) string {
 }
 
 // CreatePostgresDatabase creates an empty database on the server of
-// adminDSN, drops it (with its connections) when the test ends, and returns
-// its DSN.
+// adminDSN, drops it (with its connections) a few seconds after the test
+// ends, and returns its DSN. See dropper for why not at once.
 func CreatePostgresDatabase(t testing.TB, adminDSN string) string {
 	t.Helper()
-	name := "t_" + randomID()
+	d := dropperFor(adminDSN)
+	name := newDatabaseName(time.Now())
 	db, err := sql.Open("pgx", adminDSN)
 	if err != nil {
 		t.Fatalf("sqlfixture: open admin connection: %v", err)
@@ -446,21 +457,11 @@ func CreatePostgresDatabase(t testing.TB, adminDSN string) string {
 	defer db.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	d.sweep(ctx, db)
 	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("sqlfixture: create database %s on %s: %v", name, redact(adminDSN), err)
 	}
-	t.Cleanup(func() {
-		db, err := sql.Open("pgx", adminDSN)
-		if err != nil {
-			return
-		}
-		defer db.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Logf("sqlfixture: drop database %s: %v", name, err)
-		}
-	})
+	t.Cleanup(func() { d.drop(name) })
 	u, err := url.Parse(adminDSN)
 	if err != nil {
 		t.Fatalf("sqlfixture: parse %s: %v", redact(adminDSN), err)

@@ -1,0 +1,148 @@
+package sqlfixture
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// PostgreSQL's DROP DATABASE waits for an immediate checkpoint: every dirty
+// buffer of the server is written and synced, and the next change to each
+// page then logs the whole page. Dropped one at a time, as the tests end,
+// the databases of a make test run (about 600) forced about 600
+// checkpoints and most of its 3 GB of WAL. Drops that wait at the same time
+// share a checkpoint, so a test's database is dropped in a batch, with the
+// others of its process that end within dropDelay.
+const dropDelay = 5 * time.Second
+
+// staleAfter is the age at which a database of this package that no
+// process dropped (its process ended before its batch) is dropped by the
+// next process that creates one on the server. Longer than any test run.
+const staleAfter = time.Hour
+
+// databaseName is the form of newDatabaseName: t_, the creation time in
+// hexadecimal Unix seconds, _, 12 random hexadecimal digits.
+var databaseName = regexp.MustCompile(`^t_([0-9a-f]{8,16})_[0-9a-f]{12}$`)
+
+func newDatabaseName(now time.Time) string {
+	return "t_" + strconv.FormatInt(now.Unix(), 16) + "_" + randomID()
+}
+
+// created returns when a database of newDatabaseName's form was created.
+func created(name string) (time.Time, bool) {
+	m := databaseName.FindStringSubmatch(name)
+	if m == nil {
+		return time.Time{}, false
+	}
+	sec, err := strconv.ParseInt(m[1], 16, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(sec, 0), true
+}
+
+// dropper drops the test databases of one server in batches.
+type dropper struct {
+	adminDSN string
+	swept    sync.Once
+	mu       sync.Mutex
+	pending  []string
+	running  bool
+}
+
+var droppers sync.Map // admin DSN → *dropper
+
+func dropperFor(adminDSN string) *dropper {
+	d, _ := droppers.LoadOrStore(adminDSN, &dropper{adminDSN: adminDSN})
+	return d.(*dropper)
+}
+
+// drop queues name; a batch starts dropDelay after the first name queued.
+func (d *dropper) drop(names ...string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.pending = append(d.pending, names...)
+	if !d.running && len(d.pending) > 0 {
+		d.running = true
+		go d.run()
+	}
+}
+
+func (d *dropper) run() {
+	for {
+		time.Sleep(dropDelay)
+		d.mu.Lock()
+		names := d.pending
+		d.pending = nil
+		if len(names) == 0 {
+			d.running = false
+			d.mu.Unlock()
+			return
+		}
+		d.mu.Unlock()
+		// Errors are left to the sweep: the test that made the database
+		// has ended.
+		_ = dropAll(d.adminDSN, names)
+	}
+}
+
+// dropAll drops names on the server of adminDSN, all at once.
+func dropAll(adminDSN string, names []string) error {
+	db, err := sql.Open("pgx", adminDSN)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(8)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(names))
+	sem := make(chan struct{}, 8)
+	for i, name := range names {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+				errs[i] = fmt.Errorf("drop database %s: %w", name, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sweep queues, once per process, the databases of this package on the
+// server older than staleAfter: those whose process ended before their
+// batch ran.
+func (d *dropper) sweep(ctx context.Context, admin *sql.DB) {
+	d.swept.Do(func() {
+		rows, err := admin.QueryContext(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 't\\_%'")
+		if err != nil {
+			return
+		}
+		defer rows.Close()
+		var stale []string
+		for rows.Next() {
+			var name string
+			if rows.Scan(&name) != nil {
+				return
+			}
+			if at, ok := created(name); ok && time.Since(at) > staleAfter {
+				stale = append(stale, name)
+			}
+		}
+		if rows.Err() == nil {
+			d.drop(stale...)
+		}
+	})
+}

@@ -1,0 +1,124 @@
+package sqlfixture
+
+import (
+	"context"
+	"database/sql"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func adminDB(t *testing.T) (string, *sql.DB) {
+	t.Helper()
+	dsn := os.Getenv("TXOUTBOX_PG_DSN")
+	if dsn == "" {
+		t.Fatal("TXOUTBOX_PG_DSN is not set: start the services (scripts/services.sh start) and source .services/env")
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return dsn, db
+}
+
+func exists(t *testing.T, db *sql.DB, name string) bool {
+	t.Helper()
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// The databases of tests that end together are dropped together, after
+// the tests, in one batch.
+func TestDatabasesDroppedInABatch(t *testing.T) {
+	t.Parallel()
+	dsn, admin := adminDB(t)
+	var (
+		mu    sync.Mutex
+		names []string
+	)
+	t.Run("group", func(t *testing.T) {
+		for range 3 {
+			t.Run("db", func(t *testing.T) {
+				t.Parallel()
+				name := dsnDatabase(t, CreatePostgresDatabase(t, dsn))
+				if _, ok := created(name); !ok {
+					t.Fatalf("%s: a database name not of the dropper's form", name)
+				}
+				mu.Lock()
+				names = append(names, name)
+				mu.Unlock()
+			})
+		}
+	})
+	for _, name := range names {
+		if !exists(t, admin, name) {
+			t.Fatalf("%s was dropped as its test ended, not in a batch after it", name)
+		}
+	}
+	deadline := time.Now().Add(dropDelay + time.Minute)
+	for _, name := range names {
+		for exists(t, admin, name) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still exists %s after its test ended", name, dropDelay+time.Minute)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// A database that no process dropped is dropped by the next process's
+// first CreatePostgresDatabase once it is older than staleAfter, and a
+// younger one is left to its own process.
+func TestStaleDatabasesSwept(t *testing.T) {
+	t.Parallel()
+	dsn, admin := adminDB(t)
+	stale, young := newDatabaseName(time.Now().Add(-staleAfter-time.Minute)), newDatabaseName(time.Now())
+	for _, name := range []string{stale, young} {
+		if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = dropAll(dsn, []string{stale, young}) })
+	d := &dropper{adminDSN: dsn} // a process that has not swept yet
+	d.sweep(context.Background(), admin)
+	deadline := time.Now().Add(dropDelay + time.Minute)
+	for exists(t, admin, stale) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stale %s was not swept", stale)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !exists(t, admin, young) {
+		t.Errorf("the sweep dropped %s, a database of a process that may still run", young)
+	}
+}
+
+func TestDatabaseNameCarriesItsCreation(t *testing.T) {
+	at := time.Unix(1_796_572_003, 0)
+	name := newDatabaseName(at)
+	got, ok := created(name)
+	if !ok || !got.Equal(at) {
+		t.Fatalf("created(%q) = %v, %v; want %v, true", name, got, ok, at)
+	}
+	for _, other := range []string{"t_0a1b2c3d4e5f", "postgres", "t_zz_0a1b2c3d4e5f"} {
+		if _, ok := created(other); ok {
+			t.Errorf("created(%q) is true: a database not of the dropper's form", other)
+		}
+	}
+}
+
+func dsnDatabase(t *testing.T, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
