@@ -38,7 +38,7 @@ func TestLogMode(t *testing.T) {
 	relay, stdout, stderr, addr := startRelay(t, dsn, "--mode", "log", "--slot", slot, "--publication", slot,
 		"--broker", "log://", "--stats-interval", "100ms")
 	waitFor(t, 30*time.Second, "the 30 events on the relay's stdout", func() bool {
-		return strings.Count(stdout.String(), "\n") >= 30
+		return stdout.Lines() >= 30
 	})
 	got := map[string]bool{}
 	for _, id := range sinkIDs(t, stdout.String()) {
@@ -147,7 +147,7 @@ func TestLogModeMySQL(t *testing.T) {
 	}
 	relay, stdout, _, addr := startRelay(t, dsn, "--mode", "log", "--stream", stream, "--broker", "log://", "--stats-interval", "100ms")
 	waitFor(t, 30*time.Second, "the 30 events on the relay's stdout", func() bool {
-		return strings.Count(stdout.String(), "\n") >= 30
+		return stdout.Lines() >= 30
 	})
 	got := map[string]bool{}
 	for _, id := range sinkIDs(t, stdout.String()) {
@@ -197,7 +197,7 @@ func TestLogModeMySQL(t *testing.T) {
 	}
 	_, stdout2, _, _ := startRelay(t, dsn, "--mode", "log", "--stream", stream, "--broker", "log://")
 	more := f.enqueue(t, "order.created", "o-2", 5)
-	waitFor(t, 30*time.Second, "the 5 new events", func() bool { return strings.Count(stdout2.String(), "\n") >= 5 })
+	waitFor(t, 30*time.Second, "the 5 new events", func() bool { return stdout2.Lines() >= 5 })
 	time.Sleep(300 * time.Millisecond)
 	if ids := sinkIDs(t, stdout2.String()); len(ids) != len(more) {
 		t.Errorf("the second relay published %d events, want the %d new ones only", len(ids), len(more))
