@@ -134,9 +134,12 @@ wait "$faults" || true
 # seconds after their tests end (each DROP DATABASE waits for a checkpoint,
 # which drops that wait together share); a test binary that exits first
 # leaves its last batch. Every test is over now: drop what is left.
-psql "$TXOUTBOX_PG_DSN" -Atc "SELECT datname FROM pg_database WHERE datname ~ '^t_[0-9a-f]+_[0-9a-f]{12}$'" |
-	xargs -r -P 8 -I{} psql "$TXOUTBOX_PG_DSN" -qc 'DROP DATABASE IF EXISTS "{}" WITH (FORCE)' || true
-stage "leftover test databases dropped"
+# Beside the reports: about 40 drops, 11 s in a clean run.
+(
+	psql "$TXOUTBOX_PG_DSN" -Atc "SELECT datname FROM pg_database WHERE datname ~ '^t_[0-9a-f]+_[0-9a-f]{12}$'" |
+		xargs -r -P 8 -I{} psql "$TXOUTBOX_PG_DSN" -qc 'DROP DATABASE IF EXISTS "{}" WITH (FORCE)' || true
+) &
+leftovers=$!
 failed=0
 for r in .services/test.json .services/test-faults.json .services/test-outage.json; do
 	go run ./internal/cmd/testreport -top 0 <"$r" || failed=1
@@ -150,6 +153,7 @@ if [ -s "${TXOUTBOX_PGBOUNCER_RESTARTS:-}" ]; then
 	echo "test.sh: the shared PgBouncer exited and services.sh's supervisor started it again (its gate keeps pgbouncer#822's cancel requests from it, so look at its last FATAL; see scripts/services.sh):" >&2
 	cat "$TXOUTBOX_PGBOUNCER_RESTARTS" >&2
 fi
+wait "$leftovers" || true
 if ! wait "$vuln"; then
 	failed=1
 fi
