@@ -99,7 +99,9 @@ type BrokerFixture struct {
 	// DeliveryTimeout bounds how long the suite waits for messages to
 	// arrive. Default 15s, or the TXOUTBOX_TEST_DELIVERY_TIMEOUT
 	// environment variable (a Go duration) when set: raise it for a remote
-	// broker.
+	// broker. RunExactlyOnce waits for its effects as long as they keep
+	// landing, up to four times this, and gives up after this long with
+	// none.
 	DeliveryTimeout time.Duration
 	// Stop and Start take the broker down and bring it back, for the outage
 	// test; leave both nil if the fixture cannot.
