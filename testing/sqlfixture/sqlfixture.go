@@ -62,7 +62,8 @@ const MaxOpenConns = 16
 // database/sql keeps 2 idle by default: a test with more concurrent users
 // than that closes a connection after nearly every transaction and opens
 // another, and each new PostgreSQL connection forks and initialises a
-// server process (a tenth of PostgreSQL's CPU under make test, by perf).
+// server process (a tenth of PostgreSQL's CPU in a perf profile of two
+// test packages).
 func SizePool(db *sql.DB) {
 	db.SetMaxOpenConns(MaxOpenConns)
 	db.SetMaxIdleConns(MaxOpenConns)
