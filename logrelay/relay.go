@@ -49,7 +49,8 @@ type Options struct {
 	HoldOnBrokerDown time.Duration
 	// ServerTimeout is how long the server may stay silent before the
 	// relay drops the connection and reconnects; the relay asks for a
-	// reply every second. It is also passed to the server as
+	// reply every second. Time the relay spends waiting for a busy
+	// publisher, reading nothing, does not count. It is also passed to the server as
 	// wal_sender_timeout, so that the server frees the slot for a standby
 	// this long after the streaming relay stopped answering. Default 10s.
 	ServerTimeout time.Duration

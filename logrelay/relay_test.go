@@ -834,3 +834,60 @@ func TestConfirmInterval(t *testing.T) {
 		})
 	}
 }
+
+// held is a Recorder whose first Publish waits until release is closed.
+type held struct {
+	*outboxtest.Recorder
+	entered, release chan struct{}
+	once             sync.Once
+}
+
+func (h *held) Publish(ctx context.Context, evs []core.Event) error {
+	first := false
+	h.once.Do(func() { first = true })
+	if first {
+		close(h.entered)
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return h.Recorder.Publish(ctx, evs)
+}
+
+// A publisher held up longer than ServerTimeout, with the stream's buffer
+// full behind it, does not cost the stream: the relay reads nothing while
+// it waits, and that wait is not the server's silence. A fault-matrix
+// cell saw a relay drop a live stream ("the server sent nothing for
+// 10.555s") while its broker was blackholed.
+func TestHeldPublisherKeepsTheStream(t *testing.T) {
+	t.Parallel()
+	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
+	pub := &held{Recorder: outboxtest.NewRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
+	r, err := logrelay.New(l.Box, pub, logrelay.Options{ConnString: l.DSN, Names: l.Names,
+		Relay: core.RelayOptions{Logger: quiet}, ServerTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, r)
+	evs := events(t, 301, 7)
+	enqueue(t, l, evs[:1], 1)
+	select {
+	case <-pub.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay published nothing in 30s")
+	}
+	// More transactions than the stream buffers, one event each.
+	enqueue(t, l, evs[1:], 1)
+	time.Sleep(3 * time.Second) // the publisher held for three times ServerTimeout
+	close(pub.release)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := pub.WaitDistinct(ctx, len(evs)); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Counters(); c.Streams != 1 {
+		t.Errorf("the relay started streaming %d times, want once: it dropped the stream while its publisher was held", c.Streams)
+	}
+}

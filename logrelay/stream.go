@@ -2,6 +2,7 @@ package logrelay
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -121,10 +122,14 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 		r.storeRecorded(fctx, r.stream.Confirmed())
 		fcancel()
 	}
-	if pubErr != nil {
-		return pubErr
+	// The side that failed first cancelled the other: report its error,
+	// not the cancellation it caused.
+	for _, err := range []error{pubErr, recvErr} {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
 	}
-	return recvErr
+	return cmp.Or(pubErr, recvErr)
 }
 
 // receive reads the stream, decodes the outbox's messages into items, and
@@ -151,15 +156,21 @@ func (r *Relay) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- log
 		return nil
 	}
 	// push hands it to the publisher; the server keeps hearing from the
-	// relay while the publisher is busy.
+	// relay while the publisher is busy. The relay reads nothing meanwhile,
+	// so that wait does not count as the server's silence: a publisher
+	// held up by its broker is no reason to drop a live stream.
 	push := func(it logstream.Item) error {
+		began := time.Now()
+		defer func() { lastServer = lastServer.Add(time.Since(began)) }()
 		for {
 			select {
 			case out <- it:
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(time.Second):
+			case <-time.After(min(time.Second, r.opts.ServerTimeout/4)):
+				// Well within the server's wal_sender_timeout (set to
+				// ServerTimeout), which it counts from the last reply.
 				if err := status(false); err != nil {
 					return err
 				}

@@ -264,35 +264,44 @@ func (p *Publisher) channel(ctx context.Context, cc *confirmChannel) (*confirmCh
 	if cc != nil && cc.gen == gen && !cc.ch.IsClosed() {
 		return cc, nil
 	}
-	type opened struct {
-		cc  *confirmChannel
-		err error
-	}
-	res := make(chan opened, 1)
-	go func() {
+	var fresh *confirmChannel
+	err = p.bounded(ctx, gen, "open channel", func() error {
 		ch, err := c.Channel()
 		if err != nil {
-			res <- opened{err: fmt.Errorf("%w: open channel: %w", ErrNotConnected, err)}
-			return
+			return fmt.Errorf("%w: open channel: %w", ErrNotConnected, err)
 		}
 		if err := ch.Confirm(false); err != nil {
 			ch.Close()
-			res <- opened{err: fmt.Errorf("%w: confirm mode: %w", ErrNotConnected, err)}
-			return
+			return fmt.Errorf("%w: confirm mode: %w", ErrNotConnected, err)
 		}
-		res <- opened{cc: &confirmChannel{ch: ch, gen: gen, returns: ch.NotifyReturn(make(chan amqp.Return, maxInFlight))}}
-	}()
+		fresh = &confirmChannel{ch: ch, gen: gen, returns: ch.NotifyReturn(make(chan amqp.Return, maxInFlight))}
+		return nil
+	}, func() { fresh.ch.Close() })
+	if err != nil {
+		return nil, err
+	}
+	return fresh, nil
+}
+
+// bounded runs op, a round trip on connection gen that amqp091 cannot
+// bound, and gives it up at ctx's end: it drops the connection, which
+// makes op return soon (and the publisher re-dial), and returns at once an
+// error that wraps ErrNotConnected and ctx's, naming what. If op succeeds
+// after all, undo (when not nil) releases what it made.
+func (p *Publisher) bounded(ctx context.Context, gen uint64, what string, op func() error, undo func()) error {
+	done := make(chan error, 1)
+	go func() { done <- op() }()
 	select {
-	case r := <-res:
-		return r.cc, r.err
+	case err := <-done:
+		return err
 	case <-ctx.Done():
 		p.conn.drop(gen, ctx.Err())
 		go func() {
-			if r := <-res; r.err == nil {
-				r.cc.ch.Close()
+			if err := <-done; err == nil && undo != nil {
+				undo()
 			}
 		}()
-		return nil, fmt.Errorf("%w: open channel: RabbitMQ did not answer: %w", ErrNotConnected, ctx.Err())
+		return fmt.Errorf("%w: %s: RabbitMQ did not answer: %w", ErrNotConnected, what, ctx.Err())
 	}
 }
 
@@ -341,7 +350,7 @@ func (p *Publisher) publishChunk(ctx context.Context, cc *confirmChannel, events
 			errs[i] = core.Permanent(fmt.Errorf("%w: %w: %s event %s: %w", ErrPublish, core.ErrInvalidEvent, ev.EventType, ev.ID, err))
 			continue
 		}
-		if _, err := p.declare(cc, topic); err != nil {
+		if _, err := p.declare(ctx, cc, topic); err != nil {
 			errs[i] = fmt.Errorf("%w: event %s: %w", ErrPublish, ev.ID, err)
 			markNotSent(events, idx[n+1:], errs)
 			broken = true
@@ -430,23 +439,35 @@ func markNotSent(events []core.Event, idx []int, errs []error) {
 
 // declare declares topic's exchange, and the Consumers' queues, once per
 // connection (durable ones survive a restart, but a new broker node has
-// none).
-func (p *Publisher) declare(cc *confirmChannel, topic string) (string, error) {
+// none). Its round trips are bounded by ctx like a channel's open, and run
+// outside p.mu so that a declaration given up holds no other publish back
+// (declaring twice is harmless).
+func (p *Publisher) declare(ctx context.Context, cc *confirmChannel, topic string) (string, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.declared[topic] == cc.gen {
+	done := p.declared[topic] == cc.gen
+	p.mu.Unlock()
+	if done {
 		return p.topology.ExchangeName(topic), nil
 	}
-	exchange, err := p.topology.declare(cc.ch, topic)
+	var exchange string
+	err := p.bounded(ctx, cc.gen, "declare "+topic, func() error {
+		var err error
+		if exchange, err = p.topology.declare(cc.ch, topic); err != nil {
+			return err
+		}
+		for _, c := range p.consumers {
+			if _, err := p.topology.declareQueue(cc.ch, c, topic); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, nil)
 	if err != nil {
 		return "", err
 	}
-	for _, c := range p.consumers {
-		if _, err := p.topology.declareQueue(cc.ch, c, topic); err != nil {
-			return "", err
-		}
-	}
+	p.mu.Lock()
 	p.declared[topic] = cc.gen
+	p.mu.Unlock()
 	return exchange, nil
 }
 
