@@ -45,13 +45,33 @@ func created(name string) (time.Time, bool) {
 	return time.Unix(sec, 0), true
 }
 
-// dropper drops the test databases of one server in batches.
+// dropper keeps the test databases of one server: it hands reset ones to
+// the next tests (reuse.go) and drops the others in batches.
 type dropper struct {
 	adminDSN string
 	swept    sync.Once
+	open     sync.Once
+	admin    *sql.DB // kept for the process
+	openErr  error
 	mu       sync.Mutex
 	pending  []string
 	running  bool
+	free     map[string]*time.Timer // reset databases → their expiry
+}
+
+// adminDB returns the process's pool on the server's admin DSN.
+func (d *dropper) adminDB() (*sql.DB, error) {
+	d.open.Do(func() {
+		d.admin, d.openErr = sql.Open("pgx", d.adminDSN)
+		if d.openErr == nil {
+			// Enough for a batch of drops at once; idle ones close, so
+			// that a process between tests holds no session.
+			d.admin.SetMaxOpenConns(8)
+			d.admin.SetMaxIdleConns(2)
+			d.admin.SetConnMaxIdleTime(10 * time.Second)
+		}
+	})
+	return d.admin, d.openErr
 }
 
 var droppers sync.Map // admin DSN → *dropper
@@ -86,18 +106,16 @@ func (d *dropper) run() {
 		d.mu.Unlock()
 		// Errors are left to the sweep: the test that made the database
 		// has ended.
-		_ = dropAll(d.adminDSN, names)
+		_ = d.dropAll(names)
 	}
 }
 
-// dropAll drops names on the server of adminDSN, all at once.
-func dropAll(adminDSN string, names []string) error {
-	db, err := sql.Open("pgx", adminDSN)
+// dropAll drops names on the server, all at once.
+func (d *dropper) dropAll(names []string) error {
+	db, err := d.adminDB()
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	db.SetMaxOpenConns(8)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// The pool's 8 connections bound how many run at once.
@@ -117,8 +135,12 @@ func dropAll(adminDSN string, names []string) error {
 // sweep queues, once per process, the databases of this package on the
 // server older than staleAfter: those whose process ended before their
 // batch ran.
-func (d *dropper) sweep(ctx context.Context, admin *sql.DB) {
+func (d *dropper) sweep(ctx context.Context) {
 	d.swept.Do(func() {
+		admin, err := d.adminDB()
+		if err != nil {
+			return
+		}
 		rows, err := admin.QueryContext(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 't\\_%'")
 		if err != nil {
 			return

@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -34,39 +33,34 @@ func exists(t *testing.T, db *sql.DB, name string) bool {
 	return n == 1
 }
 
-// The databases of tests that end together are dropped together, after
-// the tests, in one batch.
+// The databases of a test that ends are kept for reuse a while, then
+// dropped together, in one batch.
 func TestDatabasesDroppedInABatch(t *testing.T) {
 	t.Parallel()
 	dsn, admin := adminDB(t)
-	var (
-		mu    sync.Mutex
-		names []string
-	)
-	t.Run("group", func(t *testing.T) {
+	d := &dropper{adminDSN: dsn} // this test's own, so no other test takes them
+	t.Run("three", func(t *testing.T) {
 		for range 3 {
-			t.Run("db", func(t *testing.T) {
-				t.Parallel()
-				name := dsnDatabase(t, CreatePostgresDatabase(t, dsn))
-				if _, ok := created(name); !ok {
-					t.Fatalf("%s: a database name not of the dropper's form", name)
-				}
-				mu.Lock()
-				names = append(names, name)
-				mu.Unlock()
-			})
+			name := dsnDatabase(t, d.create(t))
+			if _, ok := created(name); !ok {
+				t.Fatalf("%s: a database name not of the dropper's form", name)
+			}
 		}
 	})
+	names := d.kept()
+	if len(names) != 3 {
+		t.Fatalf("%d databases kept for reuse after 3 tests ended, want 3", len(names))
+	}
 	for _, name := range names {
 		if !exists(t, admin, name) {
-			t.Fatalf("%s was dropped as its test ended, not in a batch after it", name)
+			t.Fatalf("%s was dropped as its test ended, not kept for reuse", name)
 		}
 	}
-	deadline := time.Now().Add(dropDelay + time.Minute)
+	deadline := time.Now().Add(reuseWithin + dropDelay + time.Minute)
 	for _, name := range names {
 		for exists(t, admin, name) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s still exists %s after its test ended", name, dropDelay+time.Minute)
+				t.Fatalf("%s still exists %s after its test ended", name, reuseWithin+dropDelay+time.Minute)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -85,9 +79,9 @@ func TestStaleDatabasesSwept(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { _ = dropAll(dsn, []string{stale, young}) })
 	d := &dropper{adminDSN: dsn} // a process that has not swept yet
-	d.sweep(context.Background(), admin)
+	t.Cleanup(func() { _ = d.dropAll([]string{stale, young}) })
+	d.sweep(context.Background())
 	deadline := time.Now().Add(dropDelay + time.Minute)
 	for exists(t, admin, stale) {
 		if time.Now().After(deadline) {

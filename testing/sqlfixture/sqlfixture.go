@@ -13,9 +13,11 @@
 //	}
 //
 // Open takes a PostgreSQL URL (postgres://) or a MySQL/MariaDB URL
-// (mysql://), on whose server it creates a database per fixture and drops
-// it when the test ends, or "sqlite:" (a file in the test's temporary
-// directory).
+// (mysql://), on whose server it makes a database per fixture, or
+// "sqlite:" (a file in the test's temporary directory). A MySQL database
+// is dropped when its test ends; a PostgreSQL one is emptied, renamed and
+// given to the next test of the process, or dropped a few seconds later
+// (CreatePostgresDatabase).
 package sqlfixture
 
 import (
@@ -110,8 +112,9 @@ type DB struct {
 // Open makes a fresh database for the test from dsn: a PostgreSQL URL
 // (postgres:// or postgresql://, a role that may CREATE DATABASE), a MySQL
 // or MariaDB URL (mysql://, a user that may CREATE DATABASE) or "sqlite:"
-// (a file in t.TempDir()); it migrates it and closes and drops it
-// when the test ends. It fails the test on any error.
+// (a file in t.TempDir()); it migrates it, and closes it when the test
+// ends (see the package doc for what becomes of the database). It fails
+// the test on any error.
 func Open(t testing.TB, dsn string, opts Options) *DB {
 	t.Helper()
 	switch {
@@ -444,31 +447,14 @@ func CreateMySQLDatabase(t testing.TB, adminURL string) string {
 	return cfg.FormatDSN()
 }
 
-// CreatePostgresDatabase creates an empty database on the server of
-// adminDSN, drops it (with its connections) a few seconds after the test
-// ends, and returns its DSN. See dropper for why not at once.
+// CreatePostgresDatabase returns the DSN of an empty database on the server
+// of adminDSN for the test. When the test ends the database is emptied and
+// renamed, and the next test of the process that asks for one gets it (or
+// it is dropped, with its connections, a few seconds later): see reuse.go
+// and dropper for why.
 func CreatePostgresDatabase(t testing.TB, adminDSN string) string {
 	t.Helper()
-	d := dropperFor(adminDSN)
-	name := newDatabaseName(time.Now())
-	db, err := sql.Open("pgx", adminDSN)
-	if err != nil {
-		t.Fatalf("sqlfixture: open admin connection: %v", err)
-	}
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	d.sweep(ctx, db)
-	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("sqlfixture: create database %s on %s: %v", name, redact(adminDSN), err)
-	}
-	t.Cleanup(func() { d.drop(name) })
-	u, err := url.Parse(adminDSN)
-	if err != nil {
-		t.Fatalf("sqlfixture: parse %s: %v", redact(adminDSN), err)
-	}
-	u.Path = "/" + name
-	return u.String()
+	return dropperFor(adminDSN).create(t)
 }
 
 func randomID() string {
