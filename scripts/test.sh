@@ -66,6 +66,8 @@ fi
 # processes it ran used: on this saturated machine a package's wall time
 # says little, its CPU time says what it costs the others.
 go build -o .services/bin/cpuexec ./internal/cmd/cpuexec
+# Built once, for the four reports at the end (go run links it each time).
+go build -o .services/bin/testreport ./internal/cmd/testreport
 rm -f .services/cpu.log
 export TXOUTBOX_CPU_LOG="$ROOT/.services/cpu.log"
 cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
@@ -142,9 +144,9 @@ wait "$faults" || true
 leftovers=$!
 failed=0
 for r in .services/test.json .services/test-faults.json .services/test-outage.json; do
-	go run ./internal/cmd/testreport -top 0 <"$r" || failed=1
+	.services/bin/testreport -top 0 <"$r" || failed=1
 done
-cat .services/test.json .services/test-faults.json .services/test-outage.json | go run ./internal/cmd/testreport -top 10 | sed -n "/^The [0-9]* slowest tests/,\$p" || true
+cat .services/test.json .services/test-faults.json .services/test-outage.json | .services/bin/testreport -top 10 | sed -n "/^The [0-9]* slowest tests/,\$p" || true
 .services/bin/cpuexec -report 10 <.services/cpu.log || true
 if [ -f "${TXOUTBOX_PGBOUNCER_GATE_LOG:-}" ]; then
 	echo "test.sh: the shared PgBouncer's gate kept $(grep -c 'dropped a cancel request' "$TXOUTBOX_PGBOUNCER_GATE_LOG") cancel requests from it (pgbouncer#822 in 1.18, see internal/cancelgate)" >&2
