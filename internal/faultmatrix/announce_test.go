@@ -25,6 +25,8 @@ func TestAnnouncementErrors(t *testing.T) {
 		{"ordered, no batch ran: the monitor and /healthz announced", lines(monitorDownLine, healthzDownLine), "store", backendPostgres, ""},
 		{"broker fault, only the monitor's line", lines(monitorDownLine), "broker", backendPostgres, "never logged"},
 		{"table mode, only the stream's lines", lines(streamLostLine, streamBackLine), "store", backendMariaDB, "never logged"},
+		{"the fault met the relay's start", lines(startDownLine, startBackLine), "store", backendPostgres, ""},
+		{"the relay never started", lines(startDownLine), "store", backendPostgres, "left unannounced"},
 		{"broker, silent", lines(storeDownLine, storeBackLine), "broker", backendLog, "never logged"},
 		{"down without back", lines(streamLostLine), "store", backendLog, "left unannounced"},
 		{"nothing to announce", "", "", backendLog, ""},

@@ -590,16 +590,19 @@ func (c *cell) startRelay(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	first := c.relay == nil
 	c.relay = cmd
-	// Ready when it serves /healthz (it answers 503 while it waits for
-	// its dependencies): a fault must not meet a process that is still
-	// starting, which on a loaded machine takes seconds.
+	// A fault must not meet a process that is still starting, which on a
+	// loaded machine takes seconds: the cell's first relay is ready when
+	// /healthz answers 200 (it answers 503 while it waits for the
+	// database and the broker). A relay started again after a kill is
+	// ready when /healthz answers at all: a fault may still be on.
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if code, _ := c.get("/healthz"); code != 0 {
+		if code, _ := c.get("/healthz"); code == http.StatusOK || code != 0 && !first {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the relay process serves no /healthz 60s after its start:\n%s", out)
+			t.Fatalf("the relay process is not ready (/healthz) 60s after its start:\n%s", out)
 		}
 	}
 	t.Cleanup(func() {
@@ -1027,6 +1030,10 @@ const (
 	// lines come with their next check, so they are not paired.
 	monitorDownLine = "monitor check failed"
 	healthzDownLine = "/healthz: the database does not answer"
+	// A relay that starts while its database does not answer waits for
+	// it, and says so.
+	startDownLine = "database does not answer; retrying with backoff"
+	startBackLine = "database answers; starting"
 )
 
 // checkAfter checks that the relay reports health again, and that it
@@ -1073,9 +1080,9 @@ func announcements(signals string, be backend) []string {
 	case signals == "broker":
 		return []string{brokerDownLine}
 	case signals == "store" && (be == backendLog || be == backendBinlog):
-		return []string{storeDownLine, streamLostLine, monitorDownLine, healthzDownLine}
+		return []string{storeDownLine, streamLostLine, monitorDownLine, healthzDownLine, startDownLine}
 	case signals == "store":
-		return []string{storeDownLine, monitorDownLine, healthzDownLine}
+		return []string{storeDownLine, monitorDownLine, healthzDownLine, startDownLine}
 	}
 	return nil
 }
@@ -1087,7 +1094,7 @@ func announcementErrors(out, signals string, be backend) []string {
 	var errs []string
 	want := announcements(signals, be)
 	announced := 0
-	for _, pair := range [][2]string{{brokerDownLine, brokerBackLine}, {storeDownLine, storeBackLine}, {streamLostLine, streamBackLine}} {
+	for _, pair := range [][2]string{{brokerDownLine, brokerBackLine}, {storeDownLine, storeBackLine}, {streamLostLine, streamBackLine}, {startDownLine, startBackLine}} {
 		down, back := strings.Count(out, pair[0]), strings.Count(out, pair[1])
 		if slices.Contains(want, pair[0]) {
 			announced += down
