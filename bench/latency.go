@@ -22,6 +22,8 @@ type latencies struct {
 	// The medians of the producers' COMMIT and of the relay's claims: with
 	// the spacing of the claims, what the p50 is made of.
 	commitP50, claimP50 time.Duration
+	// The p99 of the producers' COMMIT (MySQL's rows).
+	commitP99 time.Duration
 }
 
 // shortCooldown is the relay's MaxCooldown in scenario c's second

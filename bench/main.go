@@ -320,7 +320,11 @@ func printTable(w io.Writer, rows []row) {
 				verdict = "pass"
 			}
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.name, r.format(r.value), r.format(r.baseline), r.ratio(), r.target, verdict)
+		base := "—" // a row measured alone
+		if r.baseline != 0 || len(r.ratios) > 0 {
+			base = r.format(r.baseline)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.name, r.format(r.value), base, r.ratio(), r.target, verdict)
 	}
 }
 
