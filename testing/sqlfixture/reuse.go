@@ -42,10 +42,6 @@ const reuseWithin = dropDelay
 // process has one free, else a new one.
 func (d *dropper) create(t testing.TB) string {
 	t.Helper()
-	u, err := url.Parse(d.adminDSN)
-	if err != nil {
-		t.Fatalf("sqlfixture: parse %s: %v", redact(d.adminDSN), err)
-	}
 	name, ok := d.take()
 	if !ok {
 		db, err := d.adminDB()
@@ -61,8 +57,21 @@ func (d *dropper) create(t testing.TB) string {
 		}
 	}
 	t.Cleanup(func() { d.release(name) })
+	dsn, err := d.databaseDSN(name)
+	if err != nil {
+		t.Fatalf("sqlfixture: parse %s: %v", redact(d.adminDSN), err)
+	}
+	return dsn
+}
+
+// databaseDSN is the admin DSN with its database replaced by name.
+func (d *dropper) databaseDSN(name string) (string, error) {
+	u, err := url.Parse(d.adminDSN)
+	if err != nil {
+		return "", err
+	}
 	u.Path = "/" + name
-	return u.String()
+	return u.String(), nil
 }
 
 // kept returns the names of the reset databases waiting for a test.
@@ -76,15 +85,34 @@ func (d *dropper) kept() []string {
 func (d *dropper) take() (string, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.takeLocked()
+}
+
+// takeLocked is take with d.mu held. A database whose expiry fired already
+// is left where it is: the expiry is waiting for the lock to queue it for
+// a drop.
+func (d *dropper) takeLocked() (string, bool) {
 	for name, expiry := range d.free {
-		delete(d.free, name)
-		// A timer that fired already is waiting for the lock to queue
-		// name for a drop: it finds it taken and leaves it.
 		if expiry.Stop() {
+			delete(d.free, name)
 			return name, true
 		}
 	}
 	return "", false
+}
+
+// expire queues name for a drop if it is still free under expiry, the
+// timer release kept with it.
+func (d *dropper) expire(name string, expiry *time.Timer) {
+	d.mu.Lock()
+	free := d.free[name] == expiry
+	if free {
+		delete(d.free, name)
+	}
+	d.mu.Unlock()
+	if free {
+		d.drop(name)
+	}
 }
 
 // release resets the database of a test that ended and keeps it for the
@@ -103,17 +131,7 @@ func (d *dropper) release(name string) {
 		d.free = map[string]*time.Timer{}
 	}
 	var expiry *time.Timer
-	expiry = time.AfterFunc(reuseWithin, func() {
-		d.mu.Lock()
-		taken := d.free[fresh] != expiry
-		if !taken {
-			delete(d.free, fresh)
-		}
-		d.mu.Unlock()
-		if !taken {
-			d.drop(fresh)
-		}
-	})
+	expiry = time.AfterFunc(reuseWithin, func() { d.expire(fresh, expiry) })
 	d.free[fresh] = expiry
 }
 
@@ -148,12 +166,11 @@ func (d *dropper) reset(ctx context.Context, name string) (string, error) {
 	if _, err := admin.ExecContext(ctx, "ALTER DATABASE "+fresh+" RESET ALL"); err != nil {
 		return fresh, err
 	}
-	u, err := url.Parse(d.adminDSN)
+	dsn, err := d.databaseDSN(fresh)
 	if err != nil {
 		return fresh, err
 	}
-	u.Path = "/" + fresh
-	conn, err := pgx.Connect(ctx, u.String())
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return fresh, err
 	}

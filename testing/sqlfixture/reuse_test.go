@@ -187,3 +187,41 @@ func TestUnresettableDatabaseDropped(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// A free database whose expiry fired while a test was taking one is not
+// taken, and its expiry still queues it for a drop: neither handed out
+// nor lost.
+func TestExpiredDatabaseStillDropped(t *testing.T) {
+	t.Parallel()
+	dsn, _ := adminDB(t)
+	d := &dropper{adminDSN: dsn}
+	name := newDatabaseName(time.Now()) // never made: its drop is IF EXISTS
+	timers := make(chan *time.Timer, 1)
+	fired := make(chan struct{})
+	d.mu.Lock()
+	timer := time.AfterFunc(0, func() {
+		close(fired)
+		d.expire(name, <-timers) // waits for the lock the test holds
+	})
+	timers <- timer
+	d.free = map[string]*time.Timer{name: timer}
+	<-fired
+	got, ok := d.takeLocked()
+	d.mu.Unlock()
+	if ok {
+		t.Fatalf("took %s, whose expiry had fired", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d.mu.Lock()
+		queued := slices.Contains(d.pending, name)
+		d.mu.Unlock()
+		if queued {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s, expired while a test took a database, was never queued for a drop", name)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
