@@ -130,8 +130,11 @@ func (d *dropper) release(name string) {
 	if d.free == nil {
 		d.free = map[string]*time.Timer{}
 	}
-	var expiry *time.Timer
-	expiry = time.AfterFunc(reuseWithin, func() { d.expire(fresh, expiry) })
+	// The timer's function learns its own timer through a channel: the
+	// variable is written after AfterFunc returns, and read outside d.mu.
+	timers := make(chan *time.Timer, 1)
+	expiry := time.AfterFunc(reuseWithin, func() { d.expire(fresh, <-timers) })
+	timers <- expiry
 	d.free[fresh] = expiry
 }
 
