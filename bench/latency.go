@@ -237,6 +237,24 @@ func (p *publishTimes) wait(n int, d time.Duration) error {
 	}
 }
 
+// waitFor waits until the event id was published, at most d, and returns
+// when it was.
+func (p *publishTimes) waitFor(id string, d time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(d)
+	for {
+		p.mu.Lock()
+		at, ok := p.at[id]
+		p.mu.Unlock()
+		if ok {
+			return at, nil
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("event %s not published in %s", id, d)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // paced has Producers connections run LatencyFor × LatencyRate
 // transactions at LatencyRate, the i-th with tx(ctx, i), which returns an
 // ID and the time just before its COMMIT was sent; paced returns those,

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -367,7 +370,12 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 		return latencies{}, err
 	}
 	published := newPublishTimes()
-	r, err := logrelay.New(box, published, logrelay.Options{ConnString: b.dsn, Names: names, Relay: core.RelayOptions{Logger: b.quiet}})
+	debug := os.Getenv("BENCH_DEBUG") != ""
+	relayLog := b.quiet
+	if debug {
+		relayLog = b.log
+	}
+	r, err := logrelay.New(box, published, logrelay.Options{ConnString: b.dsn, Names: names, Relay: core.RelayOptions{Logger: relayLog}})
 	if err != nil {
 		return latencies{}, err
 	}
@@ -389,29 +397,88 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 		}
 		caughtUp = r.Streaming() && st.UnconfirmedBytes < 64<<10
 	}
-	ids, committed, _, _, err := b.paced(ctx, func(ctx context.Context, i int) (string, time.Time, error) {
+	// Streaming is not yet live: a walsender started on a slot first
+	// decodes again everything from the slot's restart position, which
+	// can trail its confirmed position by a drain's whole backlog, and
+	// events committed meanwhile wait for it. The clock starts once a
+	// probe event arrives within 20 ms of its commit.
+	probes, firstProbe, err := b.probeLive(ctx, box, published)
+	if err != nil {
+		return latencies{}, err
+	}
+	var samples *walSamples
+	if debug {
+		b.log.Info("log latency: live", "probes", probes, "first_probe_latency", firstProbe)
+		var redecode int64
+		if err := b.db.QueryRowContext(ctx, "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+			names.Slot).Scan(&redecode); err == nil {
+			b.log.Info("log latency: caught up", "restart_to_confirmed_bytes", redecode)
+		}
+		samples = sampleWAL(rctx, b.db, names.Slot, b.log)
+	}
+	ids, committed, commitTook, _, err := b.paced(ctx, func(ctx context.Context, i int) (string, time.Time, error) {
 		return b.produceOne(ctx, box, i)
 	})
 	if err != nil {
 		return latencies{}, err
 	}
 	total := len(ids)
-	if err := published.wait(total, 30*time.Second); err != nil {
+	if err := published.wait(total+probes, 30*time.Second); err != nil {
 		return latencies{}, err
 	}
 	cancel()
 	<-done
 	published.mu.Lock()
 	defer published.mu.Unlock()
+	if debug {
+		var warm time.Duration
+		for i := range total / 20 {
+			warm = max(warm, published.at[ids[i]].Sub(committed[i]))
+		}
+		b.log.Info("log latency: the first events (left out)", "n", total/20, "first", published.at[ids[0]].Sub(committed[0]), "max", warm)
+	}
 	var lat []time.Duration
+	var slow []time.Time // when each slow event's transaction committed
 	for i := total / 20; i < total; i++ {
 		d := max(published.at[ids[i]].Sub(committed[i]), 0)
 		lat = append(lat, d)
-		if os.Getenv("BENCH_DEBUG") != "" && d > 20*time.Millisecond {
-			b.log.Info("slow log-mode event", "i", i, "at", committed[i].Sub(committed[0]), "latency", d)
+		if debug && d > 20*time.Millisecond {
+			b.log.Info("slow log-mode event", "i", i, "at", committed[i].Sub(committed[0]), "clock", committed[i].Format("15:04:05.000"),
+				"latency", d, "commit_took", commitTook[i])
+			slow = append(slow, committed[i], committed[i].Add(d))
 		}
 	}
+	if samples != nil {
+		samples.log(b.log, slow)
+	}
 	return latencies{p50: percentile(lat, 0.50), p99: percentile(lat, 0.99)}, nil
+}
+
+// probeLive commits one event at a time until one is published within
+// 20 ms of its commit, at most a minute: the relay then streams what is
+// committed now, not the WAL before it. It returns how many it committed
+// and the first one's latency.
+func (b *bench) probeLive(ctx context.Context, box *sqlxoutbox.Outbox, published *publishTimes) (n int, first time.Duration, err error) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		id, t0, err := b.produceOne(ctx, box, -1-n)
+		if err != nil {
+			return n, first, err
+		}
+		n++
+		at, err := published.waitFor(id, time.Until(deadline))
+		if err != nil {
+			return n, first, err
+		}
+		d := at.Sub(t0)
+		if n == 1 {
+			first = d
+		}
+		if d < 20*time.Millisecond {
+			return n, first, nil
+		}
+	}
+	return n, first, fmt.Errorf("no probe event was published within 20 ms of its commit in a minute (%d tried, the first in %s)", n, first)
 }
 
 // logProducerRun is one slice of the log-mode producers: ExecWithEvents
@@ -437,4 +504,72 @@ func (b *bench) logProducerRun(ctx context.Context, names logrelay.Names, relay 
 		<-done
 	}()
 	return b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, b.db, box, prodLog, i) })
+}
+
+// walSample is what the server said, at one moment of the latency run,
+// about the WAL and whoever waits on it: evidence for a slow event.
+type walSample struct {
+	at time.Time
+	// behind is how far the slot's walsender has sent, behind the WAL
+	// written (bytes).
+	behind int64
+	// waits is every backend's wait that is not idleness, "type:event
+	// (backend type)", with counts.
+	waits string
+}
+
+type walSamples struct {
+	mu   sync.Mutex
+	list []walSample
+}
+
+// sampleWAL records a walSample every 50 ms until ctx ends (BENCH_DEBUG
+// only).
+func sampleWAL(ctx context.Context, db *sql.DB, slot string, log *slog.Logger) *walSamples {
+	s := &walSamples{}
+	go func() {
+		failed := false
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			var w walSample
+			w.at = time.Now()
+			err := db.QueryRowContext(ctx, `SELECT coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), r.sent_lsn)::bigint
+				FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1), -1),
+				coalesce((SELECT string_agg(w, ', ') FROM (SELECT format('%s:%s (%s) x%s', wait_event_type, wait_event, backend_type, count(*)) AS w
+					FROM pg_stat_activity WHERE wait_event_type IS NOT NULL AND wait_event_type NOT IN ('Activity', 'Client')
+					AND pid <> pg_backend_pid() GROUP BY wait_event_type, wait_event, backend_type ORDER BY 1) q), '')`, slot).Scan(&w.behind, &w.waits)
+			if err != nil {
+				if ctx.Err() == nil && !failed {
+					failed = true
+					log.Warn("sampling the server failed", "err", err)
+				}
+				continue
+			}
+			s.mu.Lock()
+			s.list = append(s.list, w)
+			s.mu.Unlock()
+		}
+	}()
+	return s
+}
+
+// log logs the samples taken within 200 ms of any of the windows (pairs of
+// start and end) of slow events.
+func (s *walSamples) log(l *slog.Logger, windows []time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.list {
+		for i := 0; i+1 < len(windows); i += 2 {
+			if w.at.After(windows[i].Add(-200*time.Millisecond)) && w.at.Before(windows[i+1].Add(200*time.Millisecond)) {
+				l.Info("server during slow events", "clock", w.at.Format("15:04:05.000"), "walsender_behind_bytes", w.behind, "waits", w.waits)
+				break
+			}
+		}
+	}
 }

@@ -41,7 +41,10 @@
 //	   published rows retained against an empty table
 //
 // With -v the command logs its progress to stderr; BENCH_DEBUG=1 also logs
-// every event of scenario c slower than a quarter of the poll interval.
+// every event of scenario c slower than a quarter of the poll interval, and
+// for scenario l's latency the relay's own log, the probes before the
+// clock starts, every event slower than 20 ms with its COMMIT's time, and
+// what the server's walsender and waiting backends did meanwhile.
 //
 // The throughput scenarios (a, d) interleave their sides in short turns on
 // the same database, so that a noisy, shared machine weighs on all sides
