@@ -37,7 +37,7 @@ case "${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}" in
 	;;
 esac
 RABBIT_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}@localhost
-# A second RabbitMQ node for the tests that stop the broker (*Outage*):
+# A second RabbitMQ node for the tests that stop the broker (TestOutage*):
 # make test runs them beside the others, which keep the first node.
 OUTAGE_AMQP_PORT=${TXOUTBOX_OUTAGE_AMQP_PORT:-24682}
 OUTAGE_AMQP_DIST_PORT=${TXOUTBOX_OUTAGE_AMQP_DIST_PORT:-24683}

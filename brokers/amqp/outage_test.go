@@ -13,8 +13,8 @@ import (
 )
 
 // Tests named TestOutage* stop the shared RabbitMQ node; make test runs them
-// in a serial step of their own (go test -run Outage -p 1), and the normal
-// step skips them (-skip Outage).
+// in a serial step of their own (go test -run '^TestOutage' -p 1), and the
+// normal step skips them (-skip '^TestOutage').
 
 // fastReconnect re-dials every 100-500ms, so that tests do not wait for
 // the default backoff (up to 10s).

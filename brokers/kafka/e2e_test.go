@@ -38,6 +38,6 @@ func TestEndToEndPostgres(t *testing.T) {
 // Events enqueued while the Kafka cluster is down stay in the PostgreSQL
 // outbox with growing attempts and last_error, and all arrive once it is
 // back.
-func TestOutageEndToEndPostgres(t *testing.T) {
+func TestClusterDownEndToEndPostgres(t *testing.T) {
 	outboxtest.RunOutage(t, newStore, newBroker)
 }

@@ -13,15 +13,15 @@ import (
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 )
 
-// Tests named TestOutage* take a broker down; make test runs them in a
-// serial step of their own (go test -run Outage -p 1). kfake is in-process,
-// so this one disturbs no one, but it follows the convention.
+// The cluster these tests stop is their own (kfake, in-process), so they
+// are not named TestOutage*: make test runs those, which stop a server
+// other tests share, in a serial step of their own.
 
 // The cluster is stopped (listeners and connections closed) and started
 // again on the same ports from its data directory: to sarama a broker
 // restart. While it is down every publish fails; after it is back the same
 // publisher and consumer group carry on and every event arrives.
-func TestOutagePublisherRecovers(t *testing.T) {
+func TestPublisherRecoversAfterClusterDown(t *testing.T) {
 	cl := newCluster(t, kfake.DataDir(t.TempDir()))
 	p := newPublisher(t, cl.addrs, kafkabroker.Options{})
 	et := "order.outage"

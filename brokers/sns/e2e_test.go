@@ -57,6 +57,6 @@ func TestEndToEndPostgres(t *testing.T) {
 // Events enqueued while the SNS endpoint is unreachable stay in the
 // PostgreSQL outbox with growing attempts and last_error, and all arrive
 // once it is back.
-func TestOutageEndToEndPostgres(t *testing.T) {
+func TestEndpointDownEndToEndPostgres(t *testing.T) {
 	outboxtest.RunOutage(t, newStore, newOutageBroker)
 }

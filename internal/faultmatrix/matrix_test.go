@@ -831,7 +831,7 @@ func TestFaultMatrix(t *testing.T) {
 						continue
 					}
 					if names[i].kafkaRestart && b.kind != "Kafka" && b.kind != "NATS" {
-						// RabbitMQ's restart is TestFaultMatrixOutage's;
+						// RabbitMQ's restart is TestOutageFaultMatrix's;
 						// goaws keeps no state across one.
 						continue
 					}
@@ -929,11 +929,11 @@ func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBr
 	return rep
 }
 
-// TestFaultMatrixOutage is the matrix's cell that stops the RabbitMQ
+// TestOutageFaultMatrix is the matrix's cell that stops the RabbitMQ
 // server itself (rabbitmqctl stop_app, then start_app): it takes down the
 // broker every test shares, so it runs with the outage tests, one package
 // at a time (see scripts/test.sh).
-func TestFaultMatrixOutage(t *testing.T) {
+func TestOutageFaultMatrix(t *testing.T) {
 	d := 2 * time.Second
 	if long {
 		d = 30 * time.Second
