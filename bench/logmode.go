@@ -422,7 +422,7 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 		}
 		caughtUp = r.Streaming() && st.UnconfirmedBytes < 64<<10
 	}
-	// Streaming is not yet live: a walsender started on a slot first
+	// Streaming may not be live yet: a walsender started on a slot first
 	// decodes again everything from the slot's restart position, which
 	// can trail its confirmed position by a drain's whole backlog, and
 	// events committed meanwhile wait for it. The clock starts once a
@@ -437,7 +437,7 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 		var redecode int64
 		if err := b.db.QueryRowContext(ctx, "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
 			names.Slot).Scan(&redecode); err == nil {
-			b.log.Info("log latency: caught up", "restart_to_confirmed_bytes", redecode)
+			b.log.Info("log latency: the slot before the run", "restart_to_confirmed_bytes", redecode)
 		}
 		samples = sampleWAL(rctx, b.db, names.Slot, b.log)
 	}
