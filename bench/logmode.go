@@ -213,31 +213,40 @@ func (b *bench) ensureOrders(ctx context.Context) error {
 // (about 3.7 s here), which is the cost of a restart (docs/log-mode.md,
 // limits), not of draining a backlog.
 func (b *bench) advanceSlots(ctx context.Context, slots ...logrelay.Names) error {
-	for pass := range 2 {
-		if pass == 1 {
-			if _, err := b.db.ExecContext(ctx, "CHECKPOINT"); err != nil {
-				// Not superuser or pg_checkpoint: the drains then include
-				// the restart's decoding.
-				b.log.Warn("CHECKPOINT refused: scenario l's drains start at the slots' older restart position", "err", err)
-				break
-			}
-		}
+	advance := func() error {
 		for _, n := range slots {
 			if _, err := b.db.ExecContext(ctx, "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())", n.Slot); err != nil {
 				return fmt.Errorf("advance slot %s: %w", n.Slot, err)
 			}
 		}
+		return nil
+	}
+	if err := advance(); err != nil {
+		return err
+	}
+	if _, err := b.db.ExecContext(ctx, "CHECKPOINT"); err != nil {
+		// Not superuser or pg_checkpoint: the drains then include the
+		// restart's decoding.
+		b.log.Warn("CHECKPOINT refused: scenario l's drains start at the slots' older restart position", "err", err)
+	} else if err := advance(); err != nil {
+		return err
 	}
 	if os.Getenv("BENCH_DEBUG") != "" {
 		for _, n := range slots {
-			var behind int64
-			if err := b.db.QueryRowContext(ctx, "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
-				n.Slot).Scan(&behind); err == nil {
-				b.log.Info("slot advanced", "slot", n.Slot, "restart_behind_confirmed_bytes", behind)
-			}
+			b.log.Info("slot advanced", "slot", n.Slot, "restart_behind_confirmed_bytes", b.restartBehind(ctx, n.Slot))
 		}
 	}
 	return nil
+}
+
+// restartBehind is how far a slot's restart position trails its confirmed
+// one (bytes): the WAL a walsender started on it decodes again first; -1
+// if it cannot be read.
+func (b *bench) restartBehind(ctx context.Context, slot string) int64 {
+	behind := int64(-1)
+	_ = b.db.QueryRowContext(ctx, "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+		slot).Scan(&behind)
+	return behind
 }
 
 // logDrain is one drain of a backlog from a slot: its rate from the start,
@@ -433,12 +442,8 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 	}
 	var samples *walSamples
 	if debug {
-		b.log.Info("log latency: live", "probes", probes, "first_probe_latency", firstProbe)
-		var redecode int64
-		if err := b.db.QueryRowContext(ctx, "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
-			names.Slot).Scan(&redecode); err == nil {
-			b.log.Info("log latency: the slot before the run", "restart_to_confirmed_bytes", redecode)
-		}
+		b.log.Info("log latency: live", "probes", probes, "first_probe_latency", firstProbe,
+			"restart_behind_confirmed_bytes", b.restartBehind(ctx, names.Slot))
 		samples = sampleWAL(rctx, b.db, names.Slot, b.log)
 	}
 	ids, committed, commitTook, _, err := b.paced(ctx, func(ctx context.Context, i int) (string, time.Time, error) {
@@ -463,14 +468,14 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 		b.log.Info("log latency: the first events (left out)", "n", total/20, "first", published.at[ids[0]].Sub(committed[0]), "max", warm)
 	}
 	var lat []time.Duration
-	var slow []time.Time // when each slow event's transaction committed
+	var slow []window // from each slow event's COMMIT to its publish
 	for i := total / 20; i < total; i++ {
 		d := max(published.at[ids[i]].Sub(committed[i]), 0)
 		lat = append(lat, d)
 		if debug && d > 20*time.Millisecond {
 			b.log.Info("slow log-mode event", "i", i, "at", committed[i].Sub(committed[0]), "clock", committed[i].Format("15:04:05.000"),
 				"latency", d, "commit_took", commitTook[i])
-			slow = append(slow, committed[i], committed[i].Add(d))
+			slow = append(slow, window{committed[i], committed[i].Add(d)})
 		}
 	}
 	if samples != nil {
@@ -584,14 +589,17 @@ func sampleWAL(ctx context.Context, db *sql.DB, slot string, log *slog.Logger) *
 	return s
 }
 
-// log logs the samples taken within 200 ms of any of the windows (pairs of
-// start and end) of slow events.
-func (s *walSamples) log(l *slog.Logger, windows []time.Time) {
+// window is a span of time, from and to.
+type window struct{ from, to time.Time }
+
+// log logs the samples taken within 200 ms of any of the windows of slow
+// events.
+func (s *walSamples) log(l *slog.Logger, windows []window) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, w := range s.list {
-		for i := 0; i+1 < len(windows); i += 2 {
-			if w.at.After(windows[i].Add(-200*time.Millisecond)) && w.at.Before(windows[i+1].Add(200*time.Millisecond)) {
+		for _, win := range windows {
+			if w.at.After(win.from.Add(-200*time.Millisecond)) && w.at.Before(win.to.Add(200*time.Millisecond)) {
 				l.Info("server during slow events", "clock", w.at.Format("15:04:05.000"), "walsender_behind_bytes", w.behind, "waits", w.waits)
 				break
 			}
