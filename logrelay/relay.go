@@ -56,9 +56,8 @@ type Options struct {
 	ServerTimeout time.Duration
 	// ConfirmInterval is how long, at most, a confirmed position that
 	// moved waits before the relay sends it to the server. Default 0: at
-	// once, within the 20 ms the stream's reads take at most, so that a
-	// relay killed at any point leaves little for its successor to send
-	// again. Sending it costs a status message, no round trip. Longer
+	// once (a move cuts the stream's current read short), so that a relay
+	// killed at any point leaves little for its successor to send again. Sending it costs a status message, no round trip. Longer
 	// values send it with the status the relay sends every second anyway.
 	ConfirmInterval time.Duration
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -177,6 +178,27 @@ func (r *Relay) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- log
 			}
 		}
 	}
+	// With ConfirmInterval 0, a confirmed position that moves cuts the
+	// current read short, so that the loop sends it at once rather than
+	// after the read's 20 ms.
+	wake := r.opts.ConfirmInterval == 0
+	var reading atomic.Pointer[context.CancelFunc]
+	if wake {
+		wakeDone := make(chan struct{})
+		defer close(wakeDone)
+		go func() {
+			for {
+				select {
+				case <-wakeDone:
+					return
+				case <-r.stream.Moved():
+					if cancel := reading.Load(); cancel != nil {
+						(*cancel)()
+					}
+				}
+			}
+		}()
+	}
 	for {
 		now := time.Now()
 		if now.After(nextStatus) || r.stream.Confirmed() != sent && now.Sub(sentAt) >= r.opts.ConfirmInterval {
@@ -192,13 +214,22 @@ func (r *Relay) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- log
 			return fmt.Errorf("logrelay: the server sent nothing for %s", now.Sub(lastServer).Round(time.Millisecond))
 		}
 		rctx, rcancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		reading.Store(&rcancel)
+		if wake && r.stream.Confirmed() != sent {
+			// Moved since the check above: its wake-up may have come
+			// before the read could be cut short.
+			rcancel()
+		}
 		msg, err := conn.ReceiveMessage(rctx)
+		reading.Store(nil)
 		rcancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if pgconn.Timeout(err) {
+			// Cut short by a wake-up, or timed out: a timed-out read
+			// leaves the connection usable, with any partial message kept.
+			if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
 				continue
 			}
 			return err

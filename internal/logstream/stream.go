@@ -98,6 +98,7 @@ type Stream struct {
 	log   *slog.Logger
 
 	confirmed atomic.Uint64 // every event before it is handled
+	moved     chan struct{} // receives, coalesced, when confirmed moves
 	// oldest is the commit time (unix nanos) of the oldest event received
 	// and not yet handled; 0 when none.
 	oldest      atomic.Int64
@@ -112,7 +113,7 @@ type Stream struct {
 // New returns a Stream.
 func New(opts Options) *Stream {
 	ropts := opts.Relay.Options()
-	return &Stream{opts: opts, ropts: ropts, order: opts.Relay.Ordered(), log: ropts.Logger}
+	return &Stream{opts: opts, ropts: ropts, order: opts.Relay.Ordered(), log: ropts.Logger, moved: make(chan struct{}, 1)}
 }
 
 // Ordered reports whether the stream keeps per-aggregate order.
@@ -123,6 +124,12 @@ func (s *Stream) Logger() *slog.Logger { return s.log }
 
 // Confirmed is the position before which every event is handled.
 func (s *Stream) Confirmed() uint64 { return s.confirmed.Load() }
+
+// Moved receives after Confirmed moved; several moves may come as one.
+// A reader that reports the position to its server waits on it as well
+// as on the server, so that a relay killed right after a publish leaves
+// its successor as little as possible to send again.
+func (s *Stream) Moved() <-chan struct{} { return s.moved }
 
 // Started records the start of a streaming session from pos.
 func (s *Stream) Started(pos uint64) {
@@ -295,6 +302,10 @@ func (s *Stream) Publish(ctx context.Context, in <-chan Item) error {
 		}
 		if pos > s.confirmed.Load() {
 			s.confirmed.Store(pos)
+			select {
+			case s.moved <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
