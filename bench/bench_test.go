@@ -83,7 +83,7 @@ func TestQuickRun(t *testing.T) {
 		"| m' MariaDB producer tx/s with the outbox row (Enqueue with SkipReadBack", "| m' MariaDB producer tx/s with the outbox row (ExecWithEvents",
 		"| m' MariaDB producer tx/s, a hand-written INSERT", "| m  MariaDB producer tx/s, Enqueue with SkipReadBack vs the hand-written",
 		"| m  MariaDB claim latency p50", "| m  MariaDB claim latency p99",
-		"| m  MariaDB table-mode drain, batch 500 and 4 workers", "| m  MariaDB table-mode drain, batch 500, 4 workers and DeleteOnPublish", "| m  MariaDB log-mode drain (binlog) vs table mode tuned", "| m' MariaDB log-mode drain vs reading the binlog alone", "| m' MariaDB log-mode drain, position stored every 20 ms",
+		"| m  MariaDB table-mode drain, batch 2000 and 2 workers", "| m  MariaDB table-mode drain, batch 2000, 2 workers and DeleteOnPublish", "| m  MariaDB log-mode drain (binlog) vs table mode tuned", "| m' MariaDB log-mode drain vs reading the binlog alone", "| m' MariaDB log-mode drain, position stored every 20 ms",
 		"| m  MariaDB table-mode latency p50", "| m  MariaDB table-mode latency p99, binlog wake-up", "| m' MariaDB producers' COMMIT p99 in the same run",
 		"| m  MariaDB log-mode latency p50", "| m  MariaDB log-mode latency p99",
 	}

@@ -247,20 +247,48 @@ func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, B
 
 // Drain processes batches until a claim comes back empty or ctx ends, and
 // returns the totals. It is meant for tests, tools and benchmarks; events
-// that are in backoff are not waited for.
+// that are in backoff are not waited for. Outside ordered mode it runs
+// Concurrency workers, each until its own claim comes back empty, as Run
+// would; in ordered mode one batch at a time covers every partition. The
+// first error cancels the other workers and is returned.
 func (r *Relay) Drain(ctx context.Context) (BatchResult, error) {
-	var total BatchResult
-	for {
-		res, err := r.ProcessBatch(ctx)
-		total.Claimed += res.Claimed
-		total.Published += res.Published
-		total.Failed += res.Failed
-		total.DeadLettered += res.DeadLettered
-		if err != nil || res.Claimed == 0 {
-			r.brokerLog.flush(r.log)
-			return total, err
-		}
+	defer r.brokerLog.flush(r.log)
+	workers := r.opts.Concurrency
+	if r.ordered || workers < 1 {
+		workers = 1
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu       sync.Mutex
+		total    BatchResult
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				res, err := r.ProcessBatch(ctx)
+				mu.Lock()
+				total.Claimed += res.Claimed
+				total.Published += res.Published
+				total.Failed += res.Failed
+				total.DeadLettered += res.DeadLettered
+				if err != nil && firstErr == nil {
+					firstErr = err
+					cancel()
+				}
+				mu.Unlock()
+				if err != nil || res.Claimed == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return total, firstErr
 }
 
 // brokerSettle is how long the broker must take events without a failure

@@ -388,3 +388,55 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// barrierPub holds each Publish until want of them are in flight at once
+// (or a second passed), and records the most it saw.
+type barrierPub struct {
+	recordingPub
+	want     int
+	inflight atomic.Int32
+	most     atomic.Int32
+}
+
+func (p *barrierPub) Publish(ctx context.Context, evs []core.Event) error {
+	n := p.inflight.Add(1)
+	defer p.inflight.Add(-1)
+	for {
+		if m := p.most.Load(); n > m && !p.most.CompareAndSwap(m, n) {
+			continue
+		}
+		break
+	}
+	for deadline := time.Now().Add(time.Second); p.most.Load() < int32(p.want) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	return p.recordingPub.Publish(ctx, evs)
+}
+
+// Drain runs Concurrency workers, as Run does: a benchmark or tool that
+// drains a backlog with four workers gets four claims in flight.
+func TestDrainRunsConcurrencyWorkers(t *testing.T) {
+	t.Parallel()
+	s := newMemStore()
+	s.add(testEvents(40, "t")...)
+	pub := &barrierPub{want: 4}
+	r, err := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, Concurrency: 4, BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Drain(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Published != 40 || pub.count() != 40 {
+		t.Fatalf("Drain published %d (publisher saw %d) of 40", res.Published, pub.count())
+	}
+	if got := pub.most.Load(); got != 4 {
+		t.Errorf("at most %d publishes in flight at once, want 4 (Concurrency)", got)
+	}
+	for id, n := range pub.seen {
+		if n != 1 {
+			t.Errorf("event %s published %d times", id, n)
+		}
+	}
+}
