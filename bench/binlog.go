@@ -133,7 +133,8 @@ func (b *bench) binlogRows(ctx context.Context, m *mysqlBench) ([]row, error) {
 		if err != nil {
 			return nil, err
 		}
-		relay, err := core.NewRelay(relayStore, pub, core.RelayOptions{Logger: b.quiet})
+		timed := &timedStore{Store: relayStore}
+		relay, err := core.NewRelay(timed, pub, core.RelayOptions{Logger: b.quiet})
 		if err != nil {
 			return nil, err
 		}
@@ -141,7 +142,12 @@ func (b *bench) binlogRows(ctx context.Context, m *mysqlBench) ([]row, error) {
 		if err != nil {
 			return nil, err
 		}
-		return runAll(ctx, relay.Run, w.Run), nil
+		stop := runAll(ctx, relay.Run, w.Run)
+		return func() {
+			stop()
+			// What the claims cost, for -v: the relay's side of the tail.
+			b.log.Info("mysql binlog wake-up relay", append([]any{"wakes", w.Stats()}, timed.summary()...)...)
+		}, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("wake-up latency: %w", err)

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
@@ -284,22 +286,33 @@ func mysqlFill(ctx context.Context, db *sql.DB, store *sqlxoutbox.Outbox, n int)
 	return err
 }
 
-// mysqlRawClaim and mysqlRawMark are the store's claim and mark on MySQL
-// written out by hand: the same statements, scanned into locals.
-const (
-	mysqlRawClaim = "SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, published_at," +
-		" attempt_count, last_error, next_attempt_at, dead_at FROM " + mysqlDrainTable +
-		" WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= UTC_TIMESTAMP(6)" +
-		" ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED"
-	mysqlRawMark = "UPDATE " + mysqlDrainTable + " JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j ON " + mysqlDrainTable +
-		".id = j.seq SET published_at = UTC_TIMESTAMP(6), attempt_count = attempt_count + 1, last_error = NULL"
-	// mysqlRawDelete deletes the claimed rows instead (delete on publish).
-	mysqlRawDelete = "DELETE o FROM " + mysqlDrainTable + " AS o JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j ON o.id = j.seq"
-)
+// mysqlRawClaim, mysqlRawMark and mysqlRawDelete are the store's claim,
+// mark and delete on publish on MySQL written out by hand: the same
+// statements, scanned into locals. The mark spells its Seqs out in an IN
+// list on the primary key; the delete joins them through JSON_TABLE.
+const mysqlRawClaim = "SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, published_at," +
+	" attempt_count, last_error, next_attempt_at, dead_at FROM " + mysqlDrainTable +
+	" WHERE published_at IS NULL AND dead_at IS NULL AND next_attempt_at <= UTC_TIMESTAMP(6)" +
+	" ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED"
+
+func mysqlRawMark(ids []int64) (string, []any) {
+	list := make([]string, len(ids))
+	for i, id := range ids {
+		list[i] = strconv.FormatInt(id, 10)
+	}
+	return "UPDATE " + mysqlDrainTable + " AS o FORCE INDEX (PRIMARY) SET published_at = UTC_TIMESTAMP(6), attempt_count = attempt_count + 1, last_error = NULL" +
+		" WHERE o.id IN (" + strings.Join(list, ",") + ")", nil
+}
+
+func mysqlRawDelete(ids []int64) (string, []any) {
+	js, _ := json.Marshal(ids) // []int64 always encodes
+	return "DELETE o FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS j STRAIGHT_JOIN " + mysqlDrainTable +
+		" AS o FORCE INDEX (PRIMARY) ON o.id = j.seq", []any{string(js)}
+}
 
 // mysqlRawBatch claims one batch on conn, runs mark (mysqlRawMark or
 // mysqlRawDelete) on it and returns its size.
-func mysqlRawBatch(ctx context.Context, conn *sql.Conn, mark string) (int, error) {
+func mysqlRawBatch(ctx context.Context, conn *sql.Conn, mark func([]int64) (string, []any)) (int, error) {
 	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return 0, err
@@ -330,11 +343,8 @@ func mysqlRawBatch(ctx context.Context, conn *sql.Conn, mark string) (int, error
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	js, err := json.Marshal(ids)
-	if err != nil {
-		return 0, err
-	}
-	if _, err := tx.ExecContext(ctx, mark, string(js)); err != nil {
+	query, args := mark(ids)
+	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
 		return 0, err
 	}
 	return len(ids), tx.Commit()

@@ -3,6 +3,7 @@ package dialect
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,13 +47,35 @@ func (q *Queries) ClearLastError(seqs []int64) (string, []any) {
 }
 
 // updateSeqs returns the UPDATE of the rows of seqs with the SET list set,
-// whose columns are unqualified. On MySQL the list is joined through
-// JSON_TABLE (mysqlJoinSeqs).
+// whose columns are unqualified. On MySQL the Seqs are spelled out, as
+// integers, in an IN list on the primary key, which the index hint makes
+// the server read by key even when its statistics call the table small
+// (else it reads the table and locks every row it reads; see
+// mysqlJoinSeqs). The list costs the server less than the join through
+// JSON_TABLE: a 5-row mark took 0.3 ms against 0.7-0.8 ms on MariaDB, in
+// the relay's every batch. A DELETE takes no such hint on MariaDB (it
+// still reads the whole table), so deletes keep the join.
 func (q *Queries) updateSeqs(set string, seqs []int64) (string, []any) {
 	if q.d.kind == kindMySQL {
-		return "UPDATE " + mysqlSeqTable + " AS j " + q.mysqlJoinSeqs("j") + " SET " + set, []any{q.seqArg(seqs)}
+		return "UPDATE " + q.t + " AS o FORCE INDEX (PRIMARY) SET " + set + " WHERE o.id IN (" + joinInts(seqs) + ")", nil
 	}
 	return q.d.rebind("UPDATE " + q.t + " SET " + set + " WHERE id " + q.seqMatch()), []any{q.seqArg(seqs)}
+}
+
+// joinInts spells seqs out as a comma-separated list; none is NULL, which
+// IN matches with no row.
+func joinInts(seqs []int64) string {
+	if len(seqs) == 0 {
+		return "NULL"
+	}
+	b := make([]byte, 0, len(seqs)*8)
+	for i, v := range seqs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, v, 10)
+	}
+	return string(b)
 }
 
 // mysqlSeqTable is the table of a JSON array of Seqs (seqArg) on MySQL.

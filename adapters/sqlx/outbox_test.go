@@ -600,9 +600,11 @@ func TestDeadLetterRetryAndPurge(t *testing.T) {
 	})
 }
 
-// On MariaDB an operator's retry or purge by Seq, and the archiver's
-// delete, find their rows by primary key: with IN (SELECT … FROM
-// JSON_TABLE) they read the whole outbox, locking each row read.
+// On MariaDB an operator's retry or purge by Seq, the archiver's delete
+// and the relay's outcome statements find their rows by primary key: with
+// IN (SELECT … FROM JSON_TABLE), or a plain IN list without the index
+// hint, they read the whole outbox, locking each row read, other relays'
+// claimed rows among them.
 func TestMySQLBySeqStatementsUseThePrimaryKey(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, backends[slices.IndexFunc(backends, func(b backend) bool { return b.d == dialect.MySQL })], sqlxoutbox.Options{})
@@ -636,37 +638,78 @@ func TestMySQLBySeqStatementsUseThePrimaryKey(t *testing.T) {
 		query string
 		args  []any
 	}{"RetryDead": {retry, retryArgs}, "PurgeDead": {purge, purgeArgs}, "DeleteArchived": {del, delArgs}} {
-		rows, err := e.db.QueryContext(ctx, "EXPLAIN "+s.query, s.args...)
-		if err != nil {
-			t.Fatalf("EXPLAIN %s: %v", name, err)
+		requirePrimaryKeyRead(t, e.db.DB, name, s.query, s.args)
+	}
+	requireOutcomesByPrimaryKey(t, e.db.DB, q, seqsOf(evs[45:48]))
+}
+
+// The relay's outcome statements on a new table, whose statistics say it
+// is empty: MariaDB reads a plain IN list's table whole then, unless told
+// to use the primary key.
+func TestMySQLOutcomesUseThePrimaryKeyOnANewTable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backends[slices.IndexFunc(backends, func(b backend) bool { return b.d == dialect.MySQL })], sqlxoutbox.Options{})
+	if _, err := e.db.ExecContext(t.Context(), "ANALYZE TABLE outbox_events"); err != nil {
+		t.Fatal(err)
+	}
+	q, err := dialect.MySQL.Queries("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireOutcomesByPrimaryKey(t, e.db.DB, q, []int64{1, 2, 3})
+}
+
+// requireOutcomesByPrimaryKey checks the relay's outcome statements for
+// seqs with requirePrimaryKeyRead.
+func requireOutcomesByPrimaryKey(t *testing.T, db *sql.DB, q *dialect.Queries, seqs []int64) {
+	t.Helper()
+	mark, markArgs := q.MarkPublished(seqs)
+	requirePrimaryKeyRead(t, db, "MarkPublished", mark, markArgs)
+	clear, clearArgs := q.ClearLastError(seqs)
+	requirePrimaryKeyRead(t, db, "ClearLastError", clear, clearArgs)
+	deleteNow, deleteNowArgs := q.DeletePublishedNow(seqs, false)
+	requirePrimaryKeyRead(t, db, "DeletePublishedNow", deleteNow, deleteNowArgs)
+	failed, failedArgs, err := q.MarkFailed([]core.Failure{{Seq: seqs[0], Err: "boom"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requirePrimaryKeyRead(t, db, "MarkFailed", failed, failedArgs)
+}
+
+// requirePrimaryKeyRead fails t unless EXPLAIN shows query reading the
+// outbox by its primary key, not whole.
+func requirePrimaryKeyRead(t *testing.T, db *sql.DB, name, query string, args []any) {
+	t.Helper()
+	rows, err := db.QueryContext(t.Context(), "EXPLAIN "+query, args...)
+	if err != nil {
+		t.Fatalf("EXPLAIN %s: %v", name, err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	found := false
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
 		}
-		cols, _ := rows.Columns()
-		found := false
-		for rows.Next() {
-			vals := make([]sql.NullString, len(cols))
-			ptrs := make([]any, len(cols))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if err := rows.Scan(ptrs...); err != nil {
-				t.Fatal(err)
-			}
-			row := map[string]string{}
-			for i, c := range cols {
-				row[c] = vals[i].String
-			}
-			if row["table"] != "outbox_events" && row["table"] != "o" {
-				continue
-			}
-			found = true
-			if row["key"] != "PRIMARY" || row["type"] == "ALL" || row["type"] == "index" {
-				t.Errorf("%s reads the outbox by %q (%s, %s rows): %s", name, row["key"], row["type"], row["rows"], s.query)
-			}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
 		}
-		rows.Close()
-		if !found {
-			t.Errorf("%s: EXPLAIN shows no read of the outbox", name)
+		row := map[string]string{}
+		for i, c := range cols {
+			row[c] = vals[i].String
 		}
+		if row["table"] != "outbox_events" && row["table"] != "o" {
+			continue
+		}
+		found = true
+		if row["key"] != "PRIMARY" || row["type"] == "ALL" || row["type"] == "index" {
+			t.Errorf("%s reads the outbox by %q (%s, %s rows): %s", name, row["key"], row["type"], row["rows"], query)
+		}
+	}
+	if !found {
+		t.Errorf("%s: EXPLAIN shows no read of the outbox", name)
 	}
 }
 
