@@ -57,8 +57,9 @@ type Options struct {
 	// ConfirmInterval is how long, at most, a confirmed position that
 	// moved waits before the relay sends it to the server. Default 0: at
 	// once (a move cuts the stream's current read short), so that a relay
-	// killed at any point leaves little for its successor to send again. Sending it costs a status message, no round trip. Longer
-	// values send it with the status the relay sends every second anyway.
+	// killed at any point leaves little for its successor to send again.
+	// Sending it costs a status message, no round trip. Longer values send
+	// it with the status the relay sends every second anyway.
 	ConfirmInterval time.Duration
 }
 
