@@ -85,6 +85,7 @@ func TestQuickRun(t *testing.T) {
 		"| m  MariaDB claim latency p50", "| m  MariaDB claim latency p99",
 		"| m  MariaDB table-mode drain, batch 2000 and 2 workers", "| m  MariaDB table-mode drain, batch 2000, 2 workers and DeleteOnPublish", "| m  MariaDB log-mode drain (binlog) vs table mode tuned", "| m' MariaDB log-mode drain vs reading the binlog alone", "| m' MariaDB log-mode drain, position stored every 20 ms",
 		"| m  MariaDB table-mode latency p50", "| m  MariaDB table-mode latency p99, binlog wake-up", "| m' MariaDB producers' COMMIT p99 in the same run",
+		"| m  MariaDB table-mode latency p50, binlog wake-up, Concurrency 2", "| m  MariaDB table-mode latency p99, binlog wake-up, Concurrency 2", "| m' MariaDB producers' COMMIT p99 in the Concurrency 2 run",
 		"| m  MariaDB log-mode latency p50", "| m  MariaDB log-mode latency p99",
 	}
 	var got []string
