@@ -524,9 +524,9 @@ func (a *app) awaitDependency(ctx context.Context, what, name string, failFast b
 	}
 }
 
-// drain publishes what is due, then returns; on a terminal it shows the
-// progress against the pending count it started with, elsewhere a line
-// every few seconds.
+// drain publishes what is due with the relay's workers (core.Relay.Drain),
+// then returns; on a terminal it shows the progress against the pending
+// count it started with, elsewhere a line every few seconds.
 func (a *app) drain(ctx context.Context, relay *core.Relay, ob *sqlxoutbox.Outbox) (core.BatchResult, error) {
 	var total int64 = -1
 	if s, err := ob.Stats(ctx); err == nil {
@@ -534,38 +534,46 @@ func (a *app) drain(ctx context.Context, relay *core.Relay, ob *sqlxoutbox.Outbo
 	}
 	tty := isTerminal(a.stderr)
 	start, last := time.Now(), time.Now()
-	var res core.BatchResult
-	report := func(final bool) {
-		rate := float64(res.Published) / max(time.Since(start).Seconds(), 1e-3)
+	before := relay.Counters()
+	report := func(published, failed int64, final bool) {
+		rate := float64(published) / max(time.Since(start).Seconds(), 1e-3)
 		of := ""
 		if total >= 0 {
 			of = fmt.Sprintf(" of %d pending at start", total)
 		}
-		line := fmt.Sprintf("published %d%s, %d failed (%.0f/s)", res.Published, of, res.Failed, rate)
+		line := fmt.Sprintf("published %d%s, %d failed (%.0f/s)", published, of, failed, rate)
 		switch {
 		case tty && final:
 			fmt.Fprintf(a.stderr, "\r%s\n", line)
 		case tty:
 			fmt.Fprintf(a.stderr, "\r%s", line)
 		case final || time.Since(last) >= 5*time.Second:
-			a.log.Info("txoutbox: drain progress", "published", res.Published, "pending_at_start", total, "failed", res.Failed, "per_second", int(rate))
+			a.log.Info("txoutbox: drain progress", "published", published, "pending_at_start", total, "failed", failed, "per_second", int(rate))
 			last = time.Now()
 		}
 	}
-	for {
-		r, err := relay.ProcessBatch(ctx)
-		res.Claimed += r.Claimed
-		res.Published += r.Published
-		res.Failed += r.Failed
-		res.DeadLettered += r.DeadLettered
-		if err != nil || r.Claimed == 0 {
-			if tty || res.Claimed > 0 {
-				report(true)
+	stop, reported := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(reported)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				c := relay.Counters()
+				report(c.Published-before.Published, c.Failed-before.Failed, false)
 			}
-			return res, err
 		}
-		report(false)
+	}()
+	res, err := relay.Drain(ctx)
+	close(stop)
+	<-reported
+	if tty || res.Claimed > 0 {
+		report(int64(res.Published), int64(res.Failed), true)
 	}
+	return res, err
 }
 
 // publishTimeout maps the flag, where 0 means no limit, to
