@@ -12,6 +12,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -29,7 +30,7 @@ func TestStoppedRelayRedelivers(t *testing.T) {
 	})
 	r1 := newRelay(t, l, block, binlogrelay.Options{})
 	stop := run(t, r1)
-	waitFor(t, 10*time.Second, "the first relay to stream", r1.Streaming)
+	wait.Until(t, "the first relay to stream", r1.Streaming)
 	time.Sleep(300 * time.Millisecond)
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -113,7 +114,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	rec := outboxtest.NewRecorder()
 	a, b := newRelay(t, l, rec, binlogrelay.Options{}), newRelay(t, l, rec, binlogrelay.Options{})
 	stopA := run(t, a)
-	waitFor(t, 10*time.Second, "a to stream", a.Streaming)
+	wait.Until(t, "a to stream", a.Streaming)
 	stopB := run(t, b)
 	time.Sleep(1500 * time.Millisecond)
 	if b.Streaming() {
@@ -139,7 +140,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	if err := rec.WaitDistinct(ctx, 200); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "one relay to stream", func() bool { return a.Streaming() || b.Streaming() })
+	wait.Until(t, "one relay to stream", func() bool { return a.Streaming() || b.Streaming() })
 	other := b
 	if a.Streaming() {
 		_ = stopA()
@@ -148,7 +149,7 @@ func TestStandbyTakesOver(t *testing.T) {
 		_ = stopB()
 	}
 	start := time.Now()
-	waitFor(t, 10*time.Second, "the standby to take over", other.Streaming)
+	wait.Until(t, "the standby to take over", other.Streaming)
 	t.Logf("takeover in %s", time.Since(start).Round(time.Millisecond))
 	enqueue(t, l, evs[200:], 10)
 	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
@@ -259,9 +260,10 @@ func TestOrderedFailureHoldsItsAggregate(t *testing.T) {
 	if err := l.Settled(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the retry path to drain", func() bool {
+	wait.Until(t, "the retry path to drain", func() bool {
 		return count(t, l.DB.DB, "SELECT COUNT(*) FROM "+l.Table.String()+" WHERE published_at IS NULL") == 0
 	})
+
 }
 
 // Producers keep their code: ExecWithEvents, Enqueue with SkipReadBack and
@@ -390,7 +392,7 @@ func TestPurgedBinlogRecover(t *testing.T) {
 	// The server keeps a file until InnoDB's checkpoint of it is written:
 	// purge until it is gone.
 	var st binlogrelay.Status
-	waitFor(t, 20*time.Second, "the purge of the stream's binlog file", func() bool {
+	wait.Until(t, "the purge of the stream's binlog file", func() bool {
 		if _, err := l.DB.DB.ExecContext(t.Context(), "PURGE BINARY LOGS TO '"+file+"'"); err != nil {
 			t.Fatal(err)
 		}
@@ -400,6 +402,7 @@ func TestPurgedBinlogRecover(t *testing.T) {
 		}
 		return !st.FilesHeld
 	})
+
 	if !st.Exists || st.BehindBytes < 0 {
 		t.Fatalf("status after the purge: %+v", st)
 	}
@@ -461,7 +464,7 @@ func TestShortBrokerOutageIsHeldNotTabled(t *testing.T) {
 	run(t, r)
 	evs := events(t, 100, 5)
 	enqueue(t, l, evs, 10)
-	waitFor(t, 10*time.Second, "the stream to find the broker down", func() bool { return r.Health().BrokerDown })
+	wait.Until(t, "the stream to find the broker down", func() bool { return r.Health().BrokerDown })
 	time.Sleep(time.Second)
 	mu.Lock()
 	down = false
@@ -479,5 +482,5 @@ func TestShortBrokerOutageIsHeldNotTabled(t *testing.T) {
 			t.Fatalf("delivery %d is not event %d: commit order broken by the hold", i, i)
 		}
 	}
-	waitFor(t, 5*time.Second, "the relay to report the broker back", func() bool { return !r.Health().BrokerDown })
+	wait.Until(t, "the relay to report the broker back", func() bool { return !r.Health().BrokerDown })
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/logbuf"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 func TestPrepare(t *testing.T) {
@@ -179,7 +180,7 @@ func TestMonitorLogsFailuresOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
-	waitFor(t, func() bool { return src.count() >= 14 }, "fourteen checks")
+	wait.Until(t, "fourteen checks", func() bool { return src.count() >= 14 })
 	cancel()
 	<-done
 	out := logs.String()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	memoutbox "github.com/txoutbox/txoutbox/adapters/memory"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 
 	"github.com/txoutbox/txoutbox/core"
 )
@@ -331,7 +332,7 @@ func TestOrderedWorkerClaimsOnceTheLeaserHoldsPartitions(t *testing.T) {
 	l.mu.Lock()
 	l.held = []int{0, 1, 2, 3}
 	l.mu.Unlock()
-	waitFor(t, func() bool { return len(rec.published()) == len(evs) }, "every event once the leaser holds the partitions")
+	wait.Until(t, "every event once the leaser holds the partitions", func() bool { return len(rec.published()) == len(evs) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +366,7 @@ func TestOrderedNotifyWakesEveryWorker(t *testing.T) {
 	if len(parts) < 2 {
 		t.Fatalf("the events fall in %d partition: the test needs them spread over workers", len(parts))
 	}
-	waitFor(t, func() bool { return len(rec.published()) == len(evs) }, "every event after one wake-up")
+	wait.Until(t, "every event after one wake-up", func() bool { return len(rec.published()) == len(evs) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +430,7 @@ func TestOrderedRelayUsesLeaser(t *testing.T) {
 	r := orderedRelay(t, s, rec, core.RelayOptions{Ordered: core.OrderedOptions{Leaser: l}, PollInterval: time.Millisecond})
 	stop := runRelay(t, r)
 	<-l.ran
-	waitFor(t, func() bool { return len(rec.published()) >= inHeld }, "the held partition's events")
+	wait.Until(t, "the held partition's events", func() bool { return len(rec.published()) >= inHeld })
 	time.Sleep(20 * time.Millisecond) // room for a wrong claim to happen
 	if err := stop(); err != nil {
 		t.Fatal(err)

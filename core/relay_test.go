@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -238,10 +239,10 @@ func TestWakeGraceOutlivesPartialClaim(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	s.add(testEvents(1, "t")...)
 	r.Notify()
-	waitFor(t, func() bool { return pub.count() == 1 }, "the notified event")
+	wait.Until(t, "the notified event", func() bool { return pub.count() == 1 })
 	// Notified with the first, committed only now; no Notify of its own.
 	s.add(testEvents(1, "t")...)
-	waitFor(t, func() bool { return pub.count() == 2 }, "the event committed after the claim (poll interval 1h)")
+	wait.Until(t, "the event committed after the claim (poll interval 1h)", func() bool { return pub.count() == 2 })
 }
 
 // countingStore counts the claims of a testStore.
@@ -276,7 +277,7 @@ func TestCooldownBoundsClaimRate(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	elapsed := time.Since(start)
-	waitFor(t, func() bool { return pub.count() == n }, "all notified events")
+	wait.Until(t, "all notified events", func() bool { return pub.count() == n })
 	claims := s.claims.Load() - before
 	// One claim per cooldown while notified, plus the wake grace's few
 	// looks after the last event.
@@ -373,19 +374,6 @@ func TestShutdownTimeoutReleasesBatchUnmarked(t *testing.T) {
 	}
 	if c := r.Counters(); c.Released != 2 {
 		t.Errorf("counters %+v, want 2 released", c)
-	}
-}
-
-// waitFor polls cond for up to 5s and fails the test naming what did not
-// happen.
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

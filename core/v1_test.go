@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/logbuf"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // An error marked Permanent dead-letters its event at once, whatever the
@@ -128,7 +129,7 @@ func TestDownAndBackLoggedOncePerState(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	waitFor(t, func() bool { st.mu.Lock(); defer st.mu.Unlock(); return st.claims >= 10 }, "ten failed claims")
+	wait.Until(t, "ten failed claims", func() bool { st.mu.Lock(); defer st.mu.Unlock(); return st.claims >= 10 })
 	cancel()
 	<-done
 	if n := strings.Count(logs.String(), "relay batch failed"); n != 1 {
@@ -149,7 +150,7 @@ func TestRelayWiresItselfFromCapabilities(t *testing.T) {
 	go func() { _ = r.Run(ctx) }()
 	time.Sleep(20 * time.Millisecond)
 	s.add(testEvents(1, "t")...) // commits through the store: its signal
-	waitFor(t, func() bool { return pub.count() == 1 }, "an event committed to the relay's store (poll interval 1h)")
+	wait.Until(t, "an event committed to the relay's store (poll interval 1h)", func() bool { return pub.count() == 1 })
 
 	var built core.LeaserConfig
 	ls := leasingStore{testStore: newMemStore(), build: func(c core.LeaserConfig) (core.PartitionLeaser, error) {

@@ -20,6 +20,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -93,17 +94,6 @@ func newFailingRelay(t *testing.T, l *fixtures.Log, pub core.Publisher, opts cor
 		t.Fatal(err)
 	}
 	return r
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func query[T any](t *testing.T, dsn, sql string, args ...any) T {
@@ -193,7 +183,7 @@ func TestStoppedRelayRedelivers(t *testing.T) {
 	})
 	r1 := newRelay(t, l, block, core.RelayOptions{})
 	stop := run(t, r1)
-	waitFor(t, 10*time.Second, "the first relay to stream", r1.Streaming)
+	wait.Until(t, "the first relay to stream", r1.Streaming)
 	time.Sleep(200 * time.Millisecond)
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -239,7 +229,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	opts := core.RelayOptions{}
 	a, b := newRelay(t, l, rec, opts), newRelay(t, l, rec, opts)
 	stopA := run(t, a)
-	waitFor(t, 10*time.Second, "a to stream", a.Streaming)
+	wait.Until(t, "a to stream", a.Streaming)
 	stopB := run(t, b)
 	time.Sleep(1500 * time.Millisecond)
 	if b.Streaming() {
@@ -263,7 +253,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	}
 	// Now the streaming one stops for good; the other streams within the
 	// standby interval.
-	waitFor(t, 10*time.Second, "one relay to stream", func() bool { return a.Streaming() || b.Streaming() })
+	wait.Until(t, "one relay to stream", func() bool { return a.Streaming() || b.Streaming() })
 	other := b
 	if a.Streaming() {
 		_ = stopA()
@@ -272,7 +262,7 @@ func TestStandbyTakesOver(t *testing.T) {
 		_ = stopB()
 	}
 	start := time.Now()
-	waitFor(t, 10*time.Second, "the standby to take over", other.Streaming)
+	wait.Until(t, "the standby to take over", other.Streaming)
 	t.Logf("takeover in %s", time.Since(start).Round(time.Millisecond))
 	enqueue(t, l, evs[200:], 10)
 	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
@@ -499,7 +489,7 @@ func TestBrokerBackThroughTheTable(t *testing.T) {
 	evs := events(t, 20, 2)
 	enqueue(t, l, evs, 20) // one transaction: the stream's first and only batch
 	run(t, r)
-	waitFor(t, 10*time.Second, "the stream to find the broker down", func() bool { return r.Health().BrokerDown })
+	wait.Until(t, "the stream to find the broker down", func() bool { return r.Health().BrokerDown })
 	pub.heal()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -509,7 +499,7 @@ func TestBrokerBackThroughTheTable(t *testing.T) {
 	if c := r.Counters(); c.Published != 0 {
 		t.Fatalf("the stream published %d events itself; the test wants it to publish none", c.Published)
 	}
-	waitFor(t, 5*time.Second, "the relay to report the broker back", func() bool { return !r.Health().BrokerDown })
+	wait.Until(t, "the relay to report the broker back", func() bool { return !r.Health().BrokerDown })
 }
 
 // PostgreSQL keeps a slot's confirmed position on disk only when the
@@ -569,7 +559,7 @@ func TestServerCrashSendsNothingConfirmedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, r2)
-	waitFor(t, 10*time.Second, "the relay after the crash to stream", r2.Streaming)
+	wait.Until(t, "the relay after the crash to stream", r2.Streaming)
 	more := events(t, 10, 2)
 	for i := range more {
 		if err := s.Enqueue(t.Context(), more[i:i+1], true); err != nil {
@@ -816,7 +806,7 @@ func TestConfirmInterval(t *testing.T) {
 				t.Fatal(err)
 			}
 			run(t, r)
-			waitFor(t, 10*time.Second, "the relay to stream", func() bool { return r.Streaming() })
+			wait.Until(t, "the relay to stream", func() bool { return r.Streaming() })
 			evs := events(t, 20, 20)
 			start := r.Counters().Confirms
 			for i := range evs {

@@ -24,6 +24,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/ordered"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -421,7 +422,7 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 	}
 	// Every event arrived; the outbox must also record every one published
 	// (the marks of a killed relay's last batch come from its successor).
-	waitFor(t, 2*time.Minute, "every event marked published", func() bool {
+	wait.Until(t, "every event marked published", func() bool {
 		var pending int
 		if err := db.QueryRow("SELECT count(*) FROM outbox_events WHERE published_at IS NULL").Scan(&pending); err != nil {
 			t.Fatal(err)
@@ -429,13 +430,14 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 		if pending != 0 || lm == nil {
 			return pending == 0
 		}
-		// Log mode: and the slot confirmed everything written.
+
 		var behind int64
 		if err := db.QueryRow("SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint FROM pg_replication_slots WHERE slot_name = $1", lm.slot).Scan(&behind); err != nil {
 			t.Fatal(err)
 		}
 		return behind <= 0
 	})
+
 	elapsed := time.Since(began)
 	var dead int
 	if err := db.QueryRow("SELECT count(*) FROM outbox_events WHERE dead_at IS NOT NULL").Scan(&dead); err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"testing"
-	"time"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
@@ -156,15 +155,4 @@ func checkFirstDeliveryOrder(got []core.Event) (dups int, err error) {
 		last[ev.AggregateID] = ev.Seq
 	}
 	return dups, nil
-}
-
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/ordered"
 )
 
@@ -221,13 +222,14 @@ func TestLeaserRunFailover(t *testing.T) {
 			}
 		}()
 		defer func() { stopB(); wg.Wait() }()
-		waitFor(t, 10*time.Second, "an even split", func() bool {
+		wait.Until(t, "an even split", func() bool {
 			return len(a.Held()) == n/2 && len(b.Held()) == n/2 && checkDisjoint(t, a, b) == n
 		})
+
 		killA()
 		<-aDone
 		killed := time.Now()
-		waitFor(t, 10*time.Second, "b to take over", func() bool { return len(b.Held()) == n })
+		wait.Until(t, "b to take over", func() bool { return len(b.Held()) == n })
 		took := time.Since(killed)
 		if limit := ttl + ttl/3 + time.Second; took > limit {
 			t.Fatalf("takeover took %v, want within TTL + renew interval (%v)", took, limit)

@@ -19,6 +19,7 @@ import (
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/pgnotify"
 )
 
@@ -60,18 +61,6 @@ func (w *wakes) wait(t *testing.T, what string) {
 	case <-w.ch:
 	case <-time.After(30 * time.Second):
 		t.Fatalf("no wake-up: %s", what)
-	}
-}
-
-// eventually polls cond; the deadline only guards against a hang.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never happened: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -201,14 +190,14 @@ func TestNotifierWidensItsWindowUnderLoad(t *testing.T) {
 	// the connection took longer than the whole stream, which then
 	// reached the server as one NOTIFY).
 	n.Notify()
-	eventually(t, "the first NOTIFY", func() bool { return n.Stats().Sent == 1 && l.Stats().Notifications == 1 })
+	wait.Until(t, "the first NOTIFY", func() bool { return n.Stats().Sent == 1 && l.Stats().Notifications == 1 })
 	// 500 requests a millisecond apart: at a fixed 5 ms window that is
 	// about 100 NOTIFYs; doubling to 80 ms makes it about 11.
 	for range 500 {
 		n.Notify()
 		time.Sleep(time.Millisecond)
 	}
-	eventually(t, "the last window's NOTIFY", func() bool { return l.Stats().Notifications == n.Stats().Sent })
+	wait.Until(t, "the last window's NOTIFY", func() bool { return l.Stats().Notifications == n.Stats().Sent })
 	if s := n.Stats(); s.Sent-1 < 2 || s.Sent-1 > 30 || s.Errors != 0 {
 		t.Errorf("notifier stats %+v (the first NOTIFY before the stream included), want 2 to 30 sent for a steady stream", s)
 	}
@@ -229,12 +218,12 @@ func TestListenerWakesTargetAndReconnects(t *testing.T) {
 
 	notifyRaw(t, dsn, "Orders Events")
 	w.wait(t, "a NOTIFY on a channel whose name needs quoting")
-	eventually(t, "notification counted", func() bool { return l.Stats().Notifications == 1 })
+	wait.Until(t, "notification counted", func() bool { return l.Stats().Notifications == 1 })
 
 	notifyRaw(t, dsn, "other_channel")
 	notifyRaw(t, dsn, "Orders Events")
 	w.wait(t, "the second NOTIFY")
-	eventually(t, "only our channel counted", func() bool { return l.Stats().Notifications == 2 })
+	wait.Until(t, "only our channel counted", func() bool { return l.Stats().Notifications == 2 })
 
 	// A dropped connection: the listener reconnects and wakes the target,
 	// since it may have missed notifications meanwhile.
@@ -243,7 +232,7 @@ func TestListenerWakesTargetAndReconnects(t *testing.T) {
 	}
 	w.drain()
 	terminate(t, dsn, l.BackendPID())
-	eventually(t, "reconnected", func() bool { return l.Stats().Connects == 2 })
+	wait.Until(t, "reconnected", func() bool { return l.Stats().Connects == 2 })
 	w.wait(t, "the wake-up after reconnecting")
 	if s := l.Stats(); s.Errors < 1 {
 		t.Errorf("stats after a lost connection: %+v", s)
@@ -283,8 +272,8 @@ func TestNotifierCoalescesABurst(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	eventually(t, "one NOTIFY sent", func() bool { return n.Stats().Sent == 1 })
-	eventually(t, "one NOTIFY received", func() bool { return l.Stats().Notifications == 1 })
+	wait.Until(t, "one NOTIFY sent", func() bool { return n.Stats().Sent == 1 })
+	wait.Until(t, "one NOTIFY received", func() bool { return l.Stats().Notifications == 1 })
 	if s := n.Stats(); s.Requested != 1000 || s.Sent != 1 || s.Errors != 0 {
 		t.Errorf("notifier stats %+v, want 1000 requested, 1 sent", s)
 	}
@@ -312,11 +301,11 @@ func TestNotifierSendsEveryWindowAndReconnects(t *testing.T) {
 	// Requests spaced by waiting for each to arrive are never coalesced.
 	for i := 1; i <= 3; i++ {
 		n.Notify()
-		eventually(t, "notification arrived", func() bool { return l.Stats().Notifications == int64(i) })
+		wait.Until(t, "notification arrived", func() bool { return l.Stats().Notifications == int64(i) })
 	}
 	// The notifier counts a NOTIFY once the server answered it, which can
 	// come after the listener already received it.
-	eventually(t, "the notifier counted its third NOTIFY", func() bool { return n.Stats().Sent >= 3 })
+	wait.Until(t, "the notifier counted its third NOTIFY", func() bool { return n.Stats().Sent >= 3 })
 	if s := n.Stats(); s.Sent != 3 {
 		t.Errorf("sent %d, want 3", s.Sent)
 	}
@@ -325,11 +314,12 @@ func TestNotifierSendsEveryWindowAndReconnects(t *testing.T) {
 	// lost, the poll covers it), the one after reconnects and arrives.
 	terminate(t, dsn, n.BackendPID())
 	before := l.Stats().Notifications
-	eventually(t, "a notification after the connection was killed", func() bool {
+	wait.Until(t, "a notification after the connection was killed", func() bool {
 		n.Notify()
 		time.Sleep(20 * time.Millisecond)
 		return l.Stats().Notifications > before
 	})
+
 	if s := n.Stats(); s.Errors < 1 {
 		t.Errorf("stats after a killed connection: %+v", s)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/relaygroup"
 )
 
@@ -33,17 +34,6 @@ func (c *counter) run(ctx context.Context) error {
 	return nil
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestSetReconcilesRunningMembers(t *testing.T) {
 	t.Parallel()
 	g, err := relaygroup.New(relaygroup.Options{Logger: quiet, MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
@@ -57,13 +47,13 @@ func TestSetReconcilesRunningMembers(t *testing.T) {
 	ctx, stop := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx) }()
-	eventually(t, "a and b running", func() bool { return a.live.Load() == 1 && b.live.Load() == 1 })
+	wait.Until(t, "a and b running", func() bool { return a.live.Load() == 1 && b.live.Load() == 1 })
 
 	// b's spec changes, c is added, a is kept.
 	if err := g.Set([]relaygroup.Member{{Name: "a", Spec: "1", Run: a.run}, {Name: "b", Spec: "2", Run: b.run}, {Name: "c", Run: c.run}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b restarted and c started", func() bool { return b.starts.Load() == 2 && b.live.Load() == 1 && c.live.Load() == 1 })
+	wait.Until(t, "b restarted and c started", func() bool { return b.starts.Load() == 2 && b.live.Load() == 1 && c.live.Load() == 1 })
 	if a.starts.Load() != 1 {
 		t.Errorf("a was started %d times; an unchanged member must run on", a.starts.Load())
 	}
@@ -104,7 +94,7 @@ func TestFailingMemberRestartsAlone(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = g.Run(ctx) }()
-	eventually(t, "three restarts of the failing member", func() bool { return bad.starts.Load() >= 4 })
+	wait.Until(t, "three restarts of the failing member", func() bool { return bad.starts.Load() >= 4 })
 	if good.starts.Load() != 1 || good.live.Load() != 1 {
 		t.Errorf("the healthy member: %d starts, %d running; want it started once and running", good.starts.Load(), good.live.Load())
 	}
@@ -118,7 +108,7 @@ func TestFailingMemberRestartsAlone(t *testing.T) {
 		t.Errorf("status of the failing member: %+v", st)
 	}
 	bad.fail.Store(false)
-	eventually(t, "the failing member running once healed", func() bool { return bad.live.Load() == 1 })
+	wait.Until(t, "the failing member running once healed", func() bool { return bad.live.Load() == 1 })
 	stop()
 	wg.Wait()
 }

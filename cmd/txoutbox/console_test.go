@@ -11,9 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/txoutbox/txoutbox/internal/logbuf"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // txoutbox console serves the console of the outbox of --dsn, and refuses
@@ -59,7 +59,7 @@ func startConsole(t *testing.T, dsn string, args ...string) (string, *logbuf.Buf
 		_ = cmd.Wait()
 	})
 	var addr string
-	waitFor(t, 30*time.Second, "the console's address in its log", func() bool {
+	wait.Until(t, "the console's address in its log", func() bool {
 		sc := bufio.NewScanner(strings.NewReader(stderr.String()))
 		for sc.Scan() {
 			var l struct{ Msg, Addr string }
@@ -70,6 +70,7 @@ func startConsole(t *testing.T, dsn string, args ...string) (string, *logbuf.Buf
 		}
 		return false
 	})
+
 	return addr, stderr
 }
 

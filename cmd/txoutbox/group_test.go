@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
 
@@ -48,7 +49,7 @@ func TestRelayConfigGroup(t *testing.T) {
 	write(base)
 	cmd, stdout, stderr, addr := startRelayEnv(t, []string{"TXOUTBOX_TEST_B_DSN=" + b.dsn}, a.dsn, "--config", conf)
 	want := len(a.enqueue(t, "order.created", "a", 5)) + len(b.enqueue(t, "order.created", "b", 5))
-	waitFor(t, 30*time.Second, "the events of both healthy outboxes", func() bool { return len(sinkIDs(t, stdout.String())) >= want })
+	wait.Until(t, "the events of both healthy outboxes", func() bool { return len(sinkIDs(t, stdout.String())) >= want })
 	if !strings.Contains(stderr.String(), `"outbox":"tenant-down"`) || !strings.Contains(stderr.String(), "database does not answer") {
 		t.Errorf("the outbox whose database is down was not named in the log:\n%s", stderr.String())
 	}
@@ -112,20 +113,21 @@ func TestRelayConfigGroup(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the reload", func() bool { return strings.Contains(stderr.String(), "relay group reloaded") })
+	wait.Until(t, "the reload", func() bool { return strings.Contains(stderr.String(), "relay group reloaded") })
 	want += len(c.enqueue(t, "order.created", "c", 3))
-	waitFor(t, 30*time.Second, "the new outbox's events", func() bool { return len(sinkIDs(t, stdout.String())) >= want })
+	wait.Until(t, "the new outbox's events", func() bool { return len(sinkIDs(t, stdout.String())) >= want })
 
 	// A broken file is refused; the outboxes run on.
 	write("outboxes:\n  - name: tenant-a\n    dsn: " + a.dsn + "\n    broker: log://\n    batch_sise: 10\n")
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the refused reload", func() bool {
+	wait.Until(t, "the refused reload", func() bool {
 		return strings.Contains(stderr.String(), "reload refused") && strings.Contains(stderr.String(), "batch_sise")
 	})
+
 	want += len(c.enqueue(t, "order.created", "c", 2))
-	waitFor(t, 30*time.Second, "events after the refused reload", func() bool { return len(sinkIDs(t, stdout.String())) >= want })
+	wait.Until(t, "events after the refused reload", func() bool { return len(sinkIDs(t, stdout.String())) >= want })
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -319,7 +321,7 @@ func TestRelayConfigLogMode(t *testing.T) {
 		}
 	})
 	evs := append(append(pgLog.enqueue(t, "order.created", "a", 10), myLog.enqueue(t, "order.created", "b", 10)...), table.enqueue(t, "order.created", "c", 10)...)
-	waitFor(t, 30*time.Second, "the events of the three outboxes", func() bool { return len(sinkIDs(t, stdout.String())) >= len(evs) })
+	wait.Until(t, "the events of the three outboxes", func() bool { return len(sinkIDs(t, stdout.String())) >= len(evs) })
 	got := idSet(nil)
 	for _, id := range sinkIDs(t, stdout.String()) {
 		got[id] = true
@@ -332,11 +334,12 @@ func TestRelayConfigLogMode(t *testing.T) {
 	if pgLog.count(t, "true") != 0 || myLog.count(t, "published_at IS NULL") != 0 {
 		t.Error("a log-mode outbox's events went through its table")
 	}
-	waitFor(t, 10*time.Second, "each stream's metrics under its outbox", func() bool {
+	wait.Until(t, "each stream's metrics under its outbox", func() bool {
 		m := scrape(t, addr)
 		return m[`txoutbox_log_streaming{outbox="pg-log"}`] == 1 && m[`txoutbox_log_published_total{outbox="pg-log"}`] == 10 &&
 			m[`txoutbox_log_streaming{outbox="my-log"}`] == 1 && m[`txoutbox_log_published_total{outbox="my-log"}`] == 10
 	})
+
 }
 
 // On MySQL/MariaDB a table-mode relay wakes from the binlog (--wake auto),
@@ -426,7 +429,7 @@ func TestRelayConfigMaxConnections(t *testing.T) {
 	// The relay's connections to the busy outbox's database (its DSN names
 	// them), at most, while it drains.
 	most := 0
-	waitFor(t, 2*time.Minute, "the backlog drained", func() bool {
+	wait.Until(t, "the backlog drained", func() bool {
 		var n int
 		if err := a.db.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'grp_busy'").Scan(&n); err != nil {
 			t.Fatal(err)
@@ -434,6 +437,7 @@ func TestRelayConfigMaxConnections(t *testing.T) {
 		most = max(most, n)
 		return stdout.Lines() >= backlog
 	})
+
 	t.Logf("at most %d connections to the busy outbox's database while it drained with 8 workers", most)
 	if most > 2 || most == 0 {
 		t.Errorf("the busy outbox's database had up to %d of the relay's connections, want 1-2 (4 for 2 databases)", most)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
 
@@ -37,9 +38,10 @@ func TestLogMode(t *testing.T) {
 
 	relay, stdout, stderr, addr := startRelay(t, dsn, "--mode", "log", "--slot", slot, "--publication", slot,
 		"--broker", "log://", "--stats-interval", "100ms")
-	waitFor(t, 30*time.Second, "the 30 events on the relay's stdout", func() bool {
+	wait.Until(t, "the 30 events on the relay's stdout", func() bool {
 		return stdout.Lines() >= 30
 	})
+
 	got := map[string]bool{}
 	for _, id := range sinkIDs(t, stdout.String()) {
 		got[id] = true
@@ -49,7 +51,7 @@ func TestLogMode(t *testing.T) {
 			t.Fatalf("event %s not published", ev.ID)
 		}
 	}
-	waitFor(t, 10*time.Second, "the log metrics", func() bool {
+	wait.Until(t, "the log metrics", func() bool {
 		m := scrape(t, addr)
 		return m["txoutbox_log_streaming"] == 1 && m["txoutbox_log_published_total"] == 30 &&
 			m["txoutbox_log_table_writes_total"] == 0 && m["txoutbox_log_retained_wal_bytes"] > 0
@@ -146,9 +148,10 @@ func TestLogModeMySQL(t *testing.T) {
 		t.Fatal("the events were born for the table relay: published_at's default is not in place")
 	}
 	relay, stdout, _, addr := startRelay(t, dsn, "--mode", "log", "--stream", stream, "--broker", "log://", "--stats-interval", "100ms")
-	waitFor(t, 30*time.Second, "the 30 events on the relay's stdout", func() bool {
+	wait.Until(t, "the 30 events on the relay's stdout", func() bool {
 		return stdout.Lines() >= 30
 	})
+
 	got := map[string]bool{}
 	for _, id := range sinkIDs(t, stdout.String()) {
 		got[id] = true
@@ -158,11 +161,12 @@ func TestLogModeMySQL(t *testing.T) {
 			t.Fatalf("event %s not published", ev.ID)
 		}
 	}
-	waitFor(t, 10*time.Second, "the log metrics", func() bool {
+	wait.Until(t, "the log metrics", func() bool {
 		m := scrape(t, addr)
 		return m["txoutbox_log_streaming"] == 1 && m["txoutbox_log_published_total"] == 30 &&
 			m["txoutbox_log_table_writes_total"] == 0 && m["txoutbox_log_binlog_purged"] == 0
 	})
+
 	r = ok(t, dsn, "log", "status", "--stream", stream, "--format", "json")
 	var st binlogStatusJSON
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
@@ -197,7 +201,7 @@ func TestLogModeMySQL(t *testing.T) {
 	}
 	_, stdout2, _, _ := startRelay(t, dsn, "--mode", "log", "--stream", stream, "--broker", "log://")
 	more := f.enqueue(t, "order.created", "o-2", 5)
-	waitFor(t, 30*time.Second, "the 5 new events", func() bool { return stdout2.Lines() >= 5 })
+	wait.Until(t, "the 5 new events", func() bool { return stdout2.Lines() >= 5 })
 	time.Sleep(300 * time.Millisecond)
 	if ids := sinkIDs(t, stdout2.String()); len(ids) != len(more) {
 		t.Errorf("the second relay published %d events, want the %d new ones only", len(ids), len(more))

@@ -25,6 +25,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 var binary string // the txoutbox binary, built by TestMain
@@ -640,7 +641,7 @@ func startRelayEnv(t *testing.T, env []string, dsn string, args ...string) (*exe
 		}
 	})
 	var addr string
-	waitFor(t, 30*time.Second, "the relay's HTTP address in its log", func() bool {
+	wait.Until(t, "the relay's HTTP address in its log", func() bool {
 		sc := bufio.NewScanner(strings.NewReader(stderr.String()))
 		for sc.Scan() {
 			var l struct {
@@ -653,18 +654,8 @@ func startRelayEnv(t *testing.T, env []string, dsn string, args ...string) (*exe
 		}
 		return false
 	})
-	return cmd, stdout, stderr, addr
-}
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return cmd, stdout, stderr, addr
 }
 
 // exitCode waits for cmd and returns its exit code, failing after d.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/logbuf"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // scrape returns the samples of a Prometheus text exposition, keyed by
@@ -87,16 +88,18 @@ func TestRelayMetricsAndGracefulShutdown(t *testing.T) {
 
 	// The HTTP server answers while the relay still checks its
 	// dependencies ("starting"); it turns ok once both answered.
-	waitFor(t, 30*time.Second, "healthz ok", func() bool {
+	wait.Until(t, "healthz ok", func() bool {
 		code, rep := healthz(t, addr)
 		return code == http.StatusOK && rep.Status == "ok"
 	})
+
 	var first map[string]float64
-	waitFor(t, 30*time.Second, "10 events published according to /metrics", func() bool {
+	wait.Until(t, "10 events published according to /metrics", func() bool {
 		first = scrape(t, addr)
 		return first[`txoutbox_events_published_total{event_type="order.created"}`] >= 10 &&
 			first["txoutbox_lagging"] == 1
 	})
+
 	for name, want := range map[string]float64{
 		"txoutbox_lag_threshold_seconds":                            60,
 		"txoutbox_lagging":                                          1,
@@ -131,7 +134,7 @@ func TestRelayMetricsAndGracefulShutdown(t *testing.T) {
 		t.Errorf("no lagging warning in the log")
 	}
 	// The counters move.
-	waitFor(t, 30*time.Second, "the published counter to move", func() bool {
+	wait.Until(t, "the published counter to move", func() bool {
 		return scrape(t, addr)[`txoutbox_events_published_total{event_type="order.created"}`] > first[`txoutbox_events_published_total{event_type="order.created"}`]
 	})
 
@@ -262,9 +265,10 @@ func TestSeveralRelays(t *testing.T) {
 	args := []string{"--broker", "log://?delay=10ms", "--batch-size", "10", "--concurrency", "2", "--poll-interval", "50ms"}
 	cmd1, out1, err1, _ := startRelay(t, f.dsn, args...)
 	cmd2, out2, err2, _ := startRelay(t, f.dsn, args...)
-	waitFor(t, 60*time.Second, "every event published", func() bool {
+	wait.Until(t, "every event published", func() bool {
 		return f.count(t, "published_at IS NULL") == 0
 	})
+
 	for i, cmd := range []*exec.Cmd{cmd1, cmd2} {
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -312,14 +316,16 @@ func TestOrderedRelays(t *testing.T) {
 		"--initial-backoff", "30ms", "--max-backoff", "60ms", "--poll-interval", "20ms", "--batch-size", "8"}
 	cmd1, out1, err1, addr1 := startRelay(t, f.dsn, args...)
 	cmd2, out2, err2, addr2 := startRelay(t, f.dsn, args...)
-	waitFor(t, 90*time.Second, "every event published", func() bool {
+	wait.Until(t, "every event published", func() bool {
 		return f.count(t, "published_at IS NULL") == 0
 	})
+
 	// The two relays share the four partitions.
-	waitFor(t, 30*time.Second, "the partitions shared 2+2", func() bool {
+	wait.Until(t, "the partitions shared 2+2", func() bool {
 		m1, m2 := scrape(t, addr1), scrape(t, addr2)
 		return m1["txoutbox_partitions"] == 4 && m1["txoutbox_partitions_held"] == 2 && m2["txoutbox_partitions_held"] == 2
 	})
+
 	for i, cmd := range []*exec.Cmd{cmd1, cmd2} {
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -373,9 +379,10 @@ func TestShutdownTimeoutReleasesTheBatch(t *testing.T) {
 	f := newFixture(t)
 	evs := f.enqueue(t, "order.created", "1", 5)
 	cmd, stdout, stderr, addr := startRelay(t, f.dsn, "--broker", "log://?delay=1h", "--shutdown-timeout", "200ms")
-	waitFor(t, 30*time.Second, "a batch in flight", func() bool {
+	wait.Until(t, "a batch in flight", func() bool {
 		return scrape(t, addr)["txoutbox_batches_total"] == 1
 	})
+
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}

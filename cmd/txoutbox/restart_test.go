@@ -22,6 +22,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
 
@@ -62,7 +63,7 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 				return false
 			}
 			relays := []*proc{start(), start()}
-			waitFor(t, 30*time.Second, "a relay to stream", func() bool { return streaming(relays[0]) || streaming(relays[1]) })
+			wait.Until(t, "a relay to stream", func() bool { return streaming(relays[0]) || streaming(relays[1]) })
 
 			// 500 events/s, one per transaction, for 10 s.
 			const rate, seconds = 500, 10
@@ -157,7 +158,7 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 			total := int(produced.Load())
 			var seen map[string]int
 			var firstBy map[string]int
-			waitFor(t, 60*time.Second, "every event published", func() bool {
+			wait.Until(t, "every event published", func() bool {
 				seen, firstBy = map[string]int{}, map[string]int{}
 				for k, o := range outputs {
 					for _, id := range sinkIDsLenient(o.String()) {
@@ -169,6 +170,7 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 				}
 				return len(seen) >= total
 			})
+
 			dups := 0
 			for _, n := range seen {
 				dups += n - 1
