@@ -263,7 +263,6 @@ func TestOrderedFailureHoldsItsAggregate(t *testing.T) {
 	wait.Until(t, "the retry path to drain", func() bool {
 		return count(t, l.DB.DB, "SELECT COUNT(*) FROM "+l.Table.String()+" WHERE published_at IS NULL") == 0
 	})
-
 }
 
 // Producers keep their code: ExecWithEvents, Enqueue with SkipReadBack and
@@ -402,7 +401,6 @@ func TestPurgedBinlogRecover(t *testing.T) {
 		}
 		return !st.FilesHeld
 	})
-
 	if !st.Exists || st.BehindBytes < 0 {
 		t.Fatalf("status after the purge: %+v", st)
 	}

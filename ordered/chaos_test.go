@@ -437,7 +437,6 @@ func chaosOrdered(t *testing.T, d dialect.Dialect, dsn string, numEvents, numAgg
 		}
 		return behind <= 0
 	})
-
 	elapsed := time.Since(began)
 	var dead int
 	if err := db.QueryRow("SELECT count(*) FROM outbox_events WHERE dead_at IS NOT NULL").Scan(&dead); err != nil {

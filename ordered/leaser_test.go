@@ -225,7 +225,6 @@ func TestLeaserRunFailover(t *testing.T) {
 		wait.Until(t, "an even split", func() bool {
 			return len(a.Held()) == n/2 && len(b.Held()) == n/2 && checkDisjoint(t, a, b) == n
 		})
-
 		killA()
 		<-aDone
 		killed := time.Now()

@@ -319,7 +319,6 @@ func TestNotifierSendsEveryWindowAndReconnects(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		return l.Stats().Notifications > before
 	})
-
 	if s := n.Stats(); s.Errors < 1 {
 		t.Errorf("stats after a killed connection: %+v", s)
 	}

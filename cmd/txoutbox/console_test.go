@@ -70,7 +70,6 @@ func startConsole(t *testing.T, dsn string, args ...string) (string, *logbuf.Buf
 		}
 		return false
 	})
-
 	return addr, stderr
 }
 

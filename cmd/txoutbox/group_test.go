@@ -125,7 +125,6 @@ func TestRelayConfigGroup(t *testing.T) {
 	wait.Until(t, "the refused reload", func() bool {
 		return strings.Contains(stderr.String(), "reload refused") && strings.Contains(stderr.String(), "batch_sise")
 	})
-
 	want += len(c.enqueue(t, "order.created", "c", 2))
 	wait.Until(t, "events after the refused reload", func() bool { return len(sinkIDs(t, stdout.String())) >= want })
 
@@ -339,7 +338,6 @@ func TestRelayConfigLogMode(t *testing.T) {
 		return m[`txoutbox_log_streaming{outbox="pg-log"}`] == 1 && m[`txoutbox_log_published_total{outbox="pg-log"}`] == 10 &&
 			m[`txoutbox_log_streaming{outbox="my-log"}`] == 1 && m[`txoutbox_log_published_total{outbox="my-log"}`] == 10
 	})
-
 }
 
 // On MySQL/MariaDB a table-mode relay wakes from the binlog (--wake auto),
@@ -437,7 +435,6 @@ func TestRelayConfigMaxConnections(t *testing.T) {
 		most = max(most, n)
 		return stdout.Lines() >= backlog
 	})
-
 	t.Logf("at most %d connections to the busy outbox's database while it drained with 8 workers", most)
 	if most > 2 || most == 0 {
 		t.Errorf("the busy outbox's database had up to %d of the relay's connections, want 1-2 (4 for 2 databases)", most)

@@ -41,7 +41,6 @@ func TestLogMode(t *testing.T) {
 	wait.Until(t, "the 30 events on the relay's stdout", func() bool {
 		return stdout.Lines() >= 30
 	})
-
 	got := map[string]bool{}
 	for _, id := range sinkIDs(t, stdout.String()) {
 		got[id] = true
@@ -151,7 +150,6 @@ func TestLogModeMySQL(t *testing.T) {
 	wait.Until(t, "the 30 events on the relay's stdout", func() bool {
 		return stdout.Lines() >= 30
 	})
-
 	got := map[string]bool{}
 	for _, id := range sinkIDs(t, stdout.String()) {
 		got[id] = true
@@ -166,7 +164,6 @@ func TestLogModeMySQL(t *testing.T) {
 		return m["txoutbox_log_streaming"] == 1 && m["txoutbox_log_published_total"] == 30 &&
 			m["txoutbox_log_table_writes_total"] == 0 && m["txoutbox_log_binlog_purged"] == 0
 	})
-
 	r = ok(t, dsn, "log", "status", "--stream", stream, "--format", "json")
 	var st binlogStatusJSON
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {

@@ -92,14 +92,12 @@ func TestRelayMetricsAndGracefulShutdown(t *testing.T) {
 		code, rep := healthz(t, addr)
 		return code == http.StatusOK && rep.Status == "ok"
 	})
-
 	var first map[string]float64
 	wait.Until(t, "10 events published according to /metrics", func() bool {
 		first = scrape(t, addr)
 		return first[`txoutbox_events_published_total{event_type="order.created"}`] >= 10 &&
 			first["txoutbox_lagging"] == 1
 	})
-
 	for name, want := range map[string]float64{
 		"txoutbox_lag_threshold_seconds":                            60,
 		"txoutbox_lagging":                                          1,
@@ -268,7 +266,6 @@ func TestSeveralRelays(t *testing.T) {
 	wait.Until(t, "every event published", func() bool {
 		return f.count(t, "published_at IS NULL") == 0
 	})
-
 	for i, cmd := range []*exec.Cmd{cmd1, cmd2} {
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -319,13 +316,11 @@ func TestOrderedRelays(t *testing.T) {
 	wait.Until(t, "every event published", func() bool {
 		return f.count(t, "published_at IS NULL") == 0
 	})
-
 	// The two relays share the four partitions.
 	wait.Until(t, "the partitions shared 2+2", func() bool {
 		m1, m2 := scrape(t, addr1), scrape(t, addr2)
 		return m1["txoutbox_partitions"] == 4 && m1["txoutbox_partitions_held"] == 2 && m2["txoutbox_partitions_held"] == 2
 	})
-
 	for i, cmd := range []*exec.Cmd{cmd1, cmd2} {
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -382,7 +377,6 @@ func TestShutdownTimeoutReleasesTheBatch(t *testing.T) {
 	wait.Until(t, "a batch in flight", func() bool {
 		return scrape(t, addr)["txoutbox_batches_total"] == 1
 	})
-
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}

@@ -170,7 +170,6 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 				}
 				return len(seen) >= total
 			})
-
 			dups := 0
 			for _, n := range seen {
 				dups += n - 1
