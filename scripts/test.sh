@@ -34,10 +34,16 @@ if [ -f /usr/include/sqlite3.h ]; then
 fi
 go list -race -export -test -deps ./... >/dev/null 2>.services/build.log &
 build=$!
-scripts/services.sh start
+if [ -n "${TXOUTBOX_SERVICES_ENV:-}" ]; then
+	# Services already running elsewhere (another checkout's): reuse them.
+	# shellcheck disable=SC1090
+	. "$TXOUTBOX_SERVICES_ENV"
+else
+	scripts/services.sh start
+	# shellcheck disable=SC1091
+	. .services/env
+fi
 stage "services up"
-# shellcheck disable=SC1091
-. .services/env
 if ! wait "$build"; then
 	cat .services/build.log >&2
 	echo "test.sh: the module does not compile" >&2
@@ -105,6 +111,9 @@ done
 for p in $all; do
 	case " ${pkgs[*]} " in *" $p "*) ;; *) pkgs+=("$p") ;; esac
 done
+lanes=${TXOUTBOX_TEST_P:-2}
+parallel=${TXOUTBOX_TEST_PARALLEL:-2}
+matrix_parallel=${TXOUTBOX_MATRIX_PARALLEL:-2}
 outage=$(git grep -l '^func TestOutage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
 rm -rf .services/outage.claim
 outage_tests() {
@@ -116,13 +125,13 @@ outage_tests() {
 	stage "outage tests done"
 }
 (
-	"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip '^TestOutage' "${pkgs[@]}" >.services/test.json 2>&1 || true
+	"${gotest[@]}" -timeout 20m -p "$lanes" -parallel "$parallel" "${cpuexec[@]}" -json -skip '^TestOutage' "${pkgs[@]}" >.services/test.json 2>&1 || true
 	stage "other tests done"
 	outage_tests
 ) &
 main=$!
 (
-	"${gotest[@]}" -timeout 20m "${cpuexec[@]}" -json -skip '^TestOutage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
+	"${gotest[@]}" -timeout 20m -parallel "$matrix_parallel" "${cpuexec[@]}" -json -skip '^TestOutage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
 	stage "fault matrix done"
 	outage_tests
 ) &

@@ -127,6 +127,10 @@ type app struct {
 // newApp opens and migrates the database (PostgreSQL or MySQL for a
 // non-empty dsn, else SQLite in file) and wires the plugin, the store and
 // the relay.
+// pollInterval is how often the relay looks for events it was not woken
+// for.
+var pollInterval = 5 * time.Second
+
 func newApp(ctx context.Context, dsn, file string, log *slog.Logger) (*app, error) {
 	gcfg := &gorm.Config{Logger: logger.Discard}
 	var dialector gorm.Dialector
@@ -184,7 +188,7 @@ func newApp(ctx context.Context, dsn, file string, log *slog.Logger) (*app, erro
 	}
 	// The poll is only the fallback: the plugin's commits wake the relay
 	// running on the store.
-	relay, err := core.NewRelay(store, pub, core.RelayOptions{PollInterval: 5 * time.Second, Logger: log})
+	relay, err := core.NewRelay(store, pub, core.RelayOptions{PollInterval: pollInterval, Logger: log})
 	if err != nil {
 		return nil, err
 	}
