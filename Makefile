@@ -1,9 +1,15 @@
-.PHONY: test services stop quickstart bench
+.PHONY: test test-long services stop quickstart bench
 
-# Installs and starts PostgreSQL, RabbitMQ and the SNS emulator, then runs
-# gofmt, go vet and go test -race over the whole module.
+# Installs and starts every service the tests need, then runs gofmt, go vet,
+# govulncheck and go test -race over the whole module (docs/development.md).
 test:
 	scripts/test.sh
+
+# The long tier: make test with the long fault matrix (30 s faults, every
+# cell), the full exactly-once matrix and the soaks (1M events). Hours, not
+# minutes; see docs/development.md.
+test-long:
+	TXOUTBOX_LONG=1 scripts/test.sh
 
 services:
 	scripts/services.sh start

@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/tier"
 )
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -22,15 +24,16 @@ var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 // asserts nothing about the figures: they belong to the machine, not to the
 // code.
 func TestQuickRun(t *testing.T) {
+	tier.SkipShort(t)
 	c := defaults(true)
 	c.DSN = testenv.Env(t, "TXOUTBOX_PG_DSN")
 	c.MySQLDSN = testenv.Env(t, "TXOUTBOX_MYSQL_DSN")
 	// Smaller still than -quick: the test proves the command works, and
 	// the machine is shared with other tests.
-	c.Backlog, c.Retained, c.Pending, c.ClaimSamples = 2_000, 5_000, 500, 20
-	c.WatermillCurve = []int{500}
-	c.MySQLRetained, c.MySQLBacklog = 4_000, 2_000
-	c.LatencyFor, c.ProducerFor = c.LatencyFor/4, c.ProducerFor/4
+	c.Backlog, c.Retained, c.Pending, c.ClaimSamples = 500, 1_000, 100, 5
+	c.WatermillCurve = []int{200}
+	c.MySQLRetained, c.MySQLBacklog = 1_000, 500
+	c.LatencyFor, c.ProducerFor = 200*time.Millisecond, 200*time.Millisecond
 	var out bytes.Buffer
 	if err := run(context.Background(), c, &out, quietLog); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
@@ -44,7 +47,7 @@ func TestQuickRun(t *testing.T) {
 	wantRows := []string{
 		"| a  relay drain vs raw SQL", "| a' relay drain with SyncMark", "| a'' relay drain vs the textbook",
 		"| a''' relay drain with DeleteOnPublish vs the relay", "| a''' relay drain with DeleteOnPublish vs lock, then DELETE", "| a''' delete on publish, by hand: claim and DELETE", "| a''' delete on publish, by hand: lock, then DELETE",
-		"| b  relay drain (batch 500, 2 workers) vs Watermill", "| b  the same at a 500 backlog", "| b' the same vs Watermill with SubscribeBatchSize 1",
+		"| b  relay drain (batch 500, 2 workers) vs Watermill", "| b  the same at a 200 backlog", "| b' the same vs Watermill with SubscribeBatchSize 1",
 		"| c  latency p50 at 1000/s, in-process", "| c  latency p99 at 1000/s, in-process",
 		"| c  latency p50 at 1000/s, LISTEN/NOTIFY", "| c  latency p99 at 1000/s, LISTEN/NOTIFY",
 		"| c' latency p99 at 1000/s, in-process wake vs the floor", "| c  relay claims per event at 1000/s",
@@ -69,7 +72,7 @@ func TestQuickRun(t *testing.T) {
 		"| l' the same, streaming only", "| l' time to the first event", "| l' log-mode drain, position confirmed at once",
 		"| l  relay writes to the outbox table per event", "| l  log-mode latency p50", "| l  log-mode latency p99",
 		"| l  producer tx/s in log mode (ExecWithEvents) vs without", "| l' producer tx/s in log mode vs table mode", "| l' producer tx/s in log mode with a log relay",
-		"| r  drain of an equal 2k backlog, txoutbox (batch 500, 2 workers) vs River defaults", "| r  drain of an equal 2k backlog, txoutbox (batch 500, 2 workers) vs River tuned",
+		"| r  drain of an equal 500 backlog, txoutbox (batch 500, 2 workers) vs River defaults", "| r  drain of an equal 500 backlog, txoutbox (batch 500, 2 workers) vs River tuned",
 		"| r  latency p50 at 1000/s, just before COMMIT → publisher or worker, txoutbox in-process wake vs River defaults", "| r  latency p99 at 1000/s, txoutbox vs River defaults",
 		"| r  latency p50 at 1000/s, just before COMMIT → publisher or worker, txoutbox in-process wake vs River tuned", "| r  latency p99 at 1000/s, txoutbox vs River tuned",
 		"| r  producer tx/s, order row + txoutbox Enqueue vs order row + River InsertTx", "| r' producer tx/s, order row + River InsertTx vs the order row alone",

@@ -24,6 +24,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/tier"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/ordered"
@@ -49,9 +50,10 @@ const (
 // scheduling slack). It restarts the shared RabbitMQ, hence "Outage" in its
 // name: make test runs it in the serial step.
 func TestOutageChaosOrdered(t *testing.T) {
+	tier.SkipShort(t)
 	numEvents, numAggs := 50_000, 500
 	budget := 5 * time.Minute
-	if os.Getenv("TXOUTBOX_SOAK") != "" {
+	if os.Getenv("TXOUTBOX_SOAK") != "" || tier.Long() {
 		numEvents, numAggs, budget = 1_000_000, 10_000, 40*time.Minute
 	}
 	chaosOrdered(t, dialect.Postgres, testenv.PostgresDSN(t), numEvents, numAggs, budget, nil)
@@ -60,9 +62,10 @@ func TestOutageChaosOrdered(t *testing.T) {
 // TestOutageChaosOrderedMariaDB is the chaos test on MariaDB, smaller: the
 // same relays, kills, broker restart and checks, on a fifth of the load.
 func TestOutageChaosOrderedMariaDB(t *testing.T) {
+	tier.SkipShort(t)
 	numEvents, numAggs := 20_000, 200
 	budget := 3 * time.Minute
-	if os.Getenv("TXOUTBOX_SOAK") != "" {
+	if os.Getenv("TXOUTBOX_SOAK") != "" || tier.Long() {
 		numEvents, numAggs, budget = 200_000, 2_000, 20*time.Minute
 	}
 	chaosOrdered(t, dialect.MySQL, testenv.MySQLDSN(t), numEvents, numAggs, budget, nil)
@@ -77,9 +80,10 @@ func TestOutageChaosOrderedMariaDB(t *testing.T) {
 // aggregates' later events follow them). Checked: nothing lost, no
 // reordering, every takeover within the bound.
 func TestOutageChaosLog(t *testing.T) {
+	tier.SkipShort(t)
 	numEvents, numAggs := 24_000, 1_200
 	budget := 4 * time.Minute
-	if os.Getenv("TXOUTBOX_SOAK") != "" {
+	if os.Getenv("TXOUTBOX_SOAK") != "" || tier.Long() {
 		numEvents, numAggs, budget = 400_000, 20_000, 30*time.Minute
 	}
 	cl := testenv.StartCluster(t)

@@ -63,9 +63,15 @@ gotest=(go test -race -count=1 -vet=off -ldflags=-w)
 # goroutines before they exit.
 export GORACE="atexit_sleep_ms=0${GORACE:+ $GORACE}"
 
+# The long tier (make test-long): every test at its long size.
+timeout=20m
+if [ "${TXOUTBOX_LONG:-}" = 1 ]; then
+	timeout=300m
+fi
+
 if [ $# -gt 0 ]; then
 	go vet -race ./...
-	exec "${gotest[@]}" -timeout 20m "$@"
+	exec "${gotest[@]}" -timeout "$timeout" "$@"
 fi
 
 # Every test binary runs under cpuexec, which logs the CPU time it and the
@@ -121,17 +127,17 @@ outage_tests() {
 	mkdir .services/outage.claim 2>/dev/null || return 0
 	# shellcheck disable=SC2086
 	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
-		"${gotest[@]}" -timeout 15m -p 1 "${cpuexec[@]}" -json -run '^TestOutage' $outage >.services/test-outage.json 2>&1 || true
+		"${gotest[@]}" -timeout "$timeout" -p 1 "${cpuexec[@]}" -json -run '^TestOutage' $outage >.services/test-outage.json 2>&1 || true
 	stage "outage tests done"
 }
 (
-	"${gotest[@]}" -timeout 20m -p "$lanes" -parallel "$parallel" "${cpuexec[@]}" -json -skip '^TestOutage' "${pkgs[@]}" >.services/test.json 2>&1 || true
+	"${gotest[@]}" -timeout "$timeout" -p "$lanes" -parallel "$parallel" "${cpuexec[@]}" -json -skip '^TestOutage' "${pkgs[@]}" >.services/test.json 2>&1 || true
 	stage "other tests done"
 	outage_tests
 ) &
 main=$!
 (
-	"${gotest[@]}" -timeout 20m -parallel "$matrix_parallel" "${cpuexec[@]}" -json -skip '^TestOutage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
+	"${gotest[@]}" -timeout "$timeout" -parallel "$matrix_parallel" "${cpuexec[@]}" -json -skip '^TestOutage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
 	stage "fault matrix done"
 	outage_tests
 ) &

@@ -32,6 +32,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/gormfixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/tier"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -45,6 +46,7 @@ import (
 // broker chosen so that each store and each inbox also meets every broker.
 // TXOUTBOX_MATRIX=full runs all 140 combinations.
 func TestMatrix(t *testing.T) {
+	tier.SkipShort(t)
 	t.Parallel()
 	stores := []struct {
 		name string
@@ -87,7 +89,7 @@ func TestMatrix(t *testing.T) {
 		{"PGX", func(t *testing.T) *outboxtest.InboxFixture { return fixtures.PGXInbox(t) }},
 		{"SQLMariaDB", func(t *testing.T) *outboxtest.InboxFixture { return sqlInbox(t, testenv.OpenMySQL(t), dialect.MySQL) }},
 	}
-	full := os.Getenv("TXOUTBOX_MATRIX") == "full"
+	full := os.Getenv("TXOUTBOX_MATRIX") == "full" || tier.Long()
 	for si, s := range stores {
 		for bi, b := range brokers {
 			for ii, in := range inboxes {

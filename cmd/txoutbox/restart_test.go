@@ -22,6 +22,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/mysqldsn"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/tier"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
@@ -32,6 +33,7 @@ import (
 // what the killed relay published in its last moments (bounded by 200 ms
 // of events and a batch), and below 1 % of the events in all.
 func TestLogModeKillsSendLittleAgain(t *testing.T) {
+	tier.SkipShort(t)
 	t.Parallel()
 	for _, db := range []string{"postgres", "mariadb"} {
 		t.Run(db, func(t *testing.T) {

@@ -36,6 +36,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/logbuf"
 	"github.com/txoutbox/txoutbox/internal/sqstest"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/tier"
 	"github.com/txoutbox/txoutbox/logrelay"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 	"github.com/txoutbox/txoutbox/testing/faultproxy"
@@ -45,7 +46,7 @@ import (
 var quiet = slog.New(slog.DiscardHandler)
 
 // long is the full matrix: longer faults, more events (TXOUTBOX_FAULTS=long).
-var long = os.Getenv("TXOUTBOX_FAULTS") == "long"
+var long = os.Getenv("TXOUTBOX_FAULTS") == "long" || tier.Long()
 
 // cell is what one run of the matrix needs: the proxies in front of the
 // relay's database and of the broker.
@@ -756,6 +757,7 @@ var (
 // holds each fault 2s; TXOUTBOX_FAULTS=long holds each 30s with more
 // events. The table goes to the log (-v).
 func TestFaultMatrix(t *testing.T) {
+	tier.SkipShort(t)
 	t.Parallel()
 	// The rows: every broker with the outbox on PostgreSQL, on MariaDB,
 	// and in log mode.
@@ -934,6 +936,7 @@ func runCell(t *testing.T, name string, newBroker func(c *cell) outboxtest.NewBr
 // broker every test shares, so it runs with the outage tests, one package
 // at a time (see scripts/test.sh).
 func TestOutageFaultMatrix(t *testing.T) {
+	tier.SkipShort(t)
 	d := 2 * time.Second
 	if long {
 		d = 30 * time.Second
