@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,8 +71,7 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 			mustEnqueue(t, f, committed[i:i+15], true)
 			mustEnqueue(t, f, rolledBack[i/3:i/3+5], false)
 		}
-		ctx, cancel := timeout(t, b.deliveryTimeout(t))
-		defer cancel()
+		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		got := col.Wait(ctx, ids(committed))
 		// No order check here: this relay runs unordered workers. Brokers
 		// prove their order in RunPublisher, the ordered relay in package
@@ -117,9 +117,7 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 			mustEnqueue(t, f, evs[i:i+1], true)
 		}
 		explainMissing(t, f, col, evs)
-		ctx, cancel := timeout(t, b.deliveryTimeout(t))
-		defer cancel()
-		col.Wait(ctx, ids(evs))
+		col.Wait(progress(t, "deliveries", b.deliveryTimeout(t), col.seen), ids(evs))
 	})
 }
 
@@ -168,8 +166,11 @@ func RunOutage(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 	before := suiteEvents(t, et, 10, 3)
 	during := suiteEvents(t, et, 30, 3)
 	startRelay(t, f, b.Publisher, e2eRelayOptions(t))
-	ctx, cancel := timeout(t, 3*b.deliveryTimeout(t))
-	defer cancel()
+	// Progress is a delivery, or an attempt recorded during the outage.
+	var attempts atomic.Int64
+	ctx := progress(t, "deliveries and failed attempts", b.deliveryTimeout(t), func() any {
+		return fmt.Sprint(col.seen(), " ", attempts.Load())
+	})
 
 	mustEnqueue(t, f, before, true)
 	col.Wait(ctx, ids(before))
@@ -210,12 +211,13 @@ func RunOutage(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 				failed++
 			}
 		}
+		attempts.Store(int64(failed))
 		if failed == len(mustFail) {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("only %d of %d events recorded a failed attempt during the outage", failed, len(mustFail))
+			t.Fatalf("only %d of %d events recorded a failed attempt during the outage (%v)", failed, len(mustFail), context.Cause(ctx))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -244,7 +246,7 @@ func waitPublished(t *testing.T, ctx context.Context, f *StoreFixture, evs []cor
 			}
 			select {
 			case <-ctx.Done():
-				t.Fatalf("event %s arrived but was never marked published", ev.ID)
+				t.Fatalf("event %s arrived but was never marked published (%v)", ev.ID, context.Cause(ctx))
 			case <-time.After(20 * time.Millisecond):
 			}
 		}

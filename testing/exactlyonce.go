@@ -16,6 +16,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // Tuning of RunExactlyOnce.
@@ -104,10 +105,9 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 		i += onceTxSize
 	}
 
-	// At most four delivery timeouts in all, as long as events keep taking
-	// effect; one with none.
-	ctx, cancel := timeout(t, 4*b.deliveryTimeout(t))
-	defer cancel()
+	// As long as deliveries keep coming; a delivery timeout with none
+	// fails.
+	ctx := progress(t, "deliveries", b.deliveryTimeout(t), func() any { return lastSeen.Load() })
 	// Every committed event took effect and was marked published, so the
 	// relay sends nothing more...
 	if missing := awaitEffects(t, ctx, in, committed, b.deliveryTimeout(t)); missing > 0 {
@@ -115,13 +115,11 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 	}
 	waitPublished(t, ctx, f, committed)
 	// ...and the duplicates and redeliveries still in flight have landed.
-	for time.Since(time.Unix(0, lastSeen.Load())) < onceQuiet {
-		select {
-		case <-ctx.Done():
-			t.Fatal("deliveries never stopped")
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	// A relay that never stops sending is caught at wait.Cap.
+	wait.For(t, "deliveries to stop", func() (bool, any) {
+		last := lastSeen.Load()
+		return time.Since(time.Unix(0, last)) >= onceQuiet, last
+	})
 
 	effects, err := in.Effects(ctx)
 	if err != nil {
@@ -207,8 +205,8 @@ func onceRunRouter(t *testing.T, r *message.Router) {
 	})
 	select {
 	case <-r.Running():
-	case <-time.After(envDeliveryTimeout(t)):
-		t.Fatal("router did not start")
+	case <-time.After(wait.Stall):
+		t.Fatalf("router did not start in %s", wait.Stall)
 	}
 }
 

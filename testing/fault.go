@@ -252,13 +252,14 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 		sort.SliceStable(committed, func(i, j int) bool { return committed[i].Seq < committed[j].Seq })
 	}
 
-	// The fault's backlog drains at the relay's pace: a second per hundred
-	// committed events on top of the delivery timeout (long faults on a
-	// slow store build up thousands).
-	wait := 2*b.deliveryTimeout(t) + fault.Duration + time.Duration(len(committed)/100)*time.Second
-	ctx, cancel := timeout(t, wait)
-	defer cancel()
-	if missing := awaitEffects(t, ctx, in, committed, wait); missing > 0 {
+	// The fault's backlog drains at the relay's pace, for as long as
+	// deliveries keep coming.
+	ctx := progress(t, "deliveries", b.deliveryTimeout(t), func() any {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(firstAt)
+	})
+	if missing := awaitEffects(t, ctx, in, committed, b.deliveryTimeout(t)); missing > 0 {
 		t.Errorf("%s: %d of %d committed events never took effect", fault.Name, missing, len(committed))
 	}
 	// Let redeliveries in flight land before counting effects.

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // StoreFixture is a fresh, migrated, empty outbox on a real database, made
@@ -118,10 +119,11 @@ func (b *BrokerFixture) topic(eventType string) string {
 	return eventType
 }
 
-// DefaultDeliveryTimeout is BrokerFixture.DeliveryTimeout's default: long
-// enough for a broker on a loaded CI machine, short enough that a failing
-// case reports within seconds.
-const DefaultDeliveryTimeout = 15 * time.Second
+// DefaultDeliveryTimeout is BrokerFixture.DeliveryTimeout's default: how
+// long the suite's waits for deliveries and effects may see no progress
+// before they fail. A wait that keeps making progress is never cut short,
+// so a loaded machine makes a case slower, not red.
+const DefaultDeliveryTimeout = time.Minute
 
 // deliveryTimeout returns how long to wait for deliveries from b.
 func (b *BrokerFixture) deliveryTimeout(t testing.TB) time.Duration {
@@ -183,6 +185,9 @@ func ids(evs []core.Event) []string {
 	return out
 }
 
-func timeout(t *testing.T, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(t.Context(), d)
+// progress returns the context of a wait that lasts as long as seen keeps
+// changing: it ends once seen has stood still for stall (see package
+// internal/testkit/wait).
+func progress(t *testing.T, what string, stall time.Duration, seen func() any) context.Context {
+	return wait.Context(t, what, stall, seen)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // InboxFixture is a fresh consumer database, made for one subtest: a
@@ -37,9 +38,9 @@ type InboxFixture struct {
 	// Backdate moves the processed_at of a record back by age, so that
 	// retention can be tested without waiting.
 	Backdate func(ctx context.Context, consumer, eventID string, age time.Duration) error
-	// Timeout bounds each concurrency check (many deliveries of one event
-	// at once). Default: TXOUTBOX_TEST_DELIVERY_TIMEOUT, or
-	// DefaultDeliveryTimeout. An inbox whose deliveries take turns on one
+	// Timeout is how long a concurrency check (many deliveries of one
+	// event at once) may go without a delivery finishing. Default:
+	// TXOUTBOX_TEST_DELIVERY_TIMEOUT, or DefaultDeliveryTimeout. An inbox whose deliveries take turns on one
 	// lock (SQLite without busy_timeout, its Process polling) may need
 	// more, as much as it lets Process wait.
 	Timeout time.Duration
@@ -172,9 +173,9 @@ func RunInbox(t *testing.T, newInbox NewInboxFunc) {
 	t.Run("ConcurrentDuplicatesTakeEffectOnce", func(t *testing.T) {
 		t.Parallel()
 		f := newInbox(t)
-		ctx, cancel := context.WithTimeout(t.Context(), f.timeout(t))
-		defer cancel()
 		const events, copies = 20, 4
+		var finished atomic.Int64 // Process calls returned: the progress
+		ctx := wait.Context(t, "concurrent deliveries", f.timeout(t), func() any { return finished.Load() })
 		evIDs := make([]string, events)
 		for i := range evIDs {
 			evIDs[i] = uuid.NewString()
@@ -198,6 +199,7 @@ func RunInbox(t *testing.T, newInbox NewInboxFunc) {
 						time.Sleep(5 * time.Millisecond)
 						return nil
 					})
+					finished.Add(1)
 					if err != nil {
 						errs <- err
 						return
@@ -254,8 +256,7 @@ func RunInbox(t *testing.T, newInbox NewInboxFunc) {
 	t.Run("ManyDuplicatesTakeOverAfterRollbackOnce", func(t *testing.T) {
 		t.Parallel()
 		f := newInbox(t)
-		ctx, cancel := context.WithTimeout(t.Context(), f.timeout(t))
-		defer cancel()
+		ctx := wait.Context(t, "the deliveries", f.timeout(t), func() any { return nil })
 		id := uuid.NewString()
 		inside := make(chan struct{})
 		firstDone := make(chan error, 1)
@@ -367,8 +368,7 @@ type inboxOutcome struct {
 // the write lock) instead of racing past it.
 func inboxRaceFirstHolds(t *testing.T, f *InboxFixture, firstErr error) (first, second inboxOutcome) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), f.timeout(t))
-	defer cancel()
+	ctx := wait.Context(t, "the deliveries", f.timeout(t), func() any { return nil })
 	id := uuid.NewString()
 	first.id, second.id = id, id
 	inside := make(chan struct{})

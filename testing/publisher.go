@@ -92,11 +92,18 @@ func (c *Collection) Wait(ctx context.Context, want []string) []Received {
 				c.t.Fatalf("topic %q: %d of %d events never arrived with their event_id, and %d messages arrived without an %q header: the publisher drops headers",
 					c.topic, missing, len(want), noID, core.HeaderEventID)
 			}
-			c.t.Fatalf("topic %q: %d of %d events never arrived (%v)", c.topic, missing, len(want), ctx.Err())
+			c.t.Fatalf("topic %q: %d of %d events never arrived (%v)", c.topic, missing, len(want), context.Cause(ctx))
 		case <-c.more:
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// seen is the collection's progress: how many messages arrived so far.
+func (c *Collection) seen() any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.all)
 }
 
 // All returns every message received so far, in arrival order.
@@ -127,8 +134,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		et := uniqueType("pub")
 		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 25, 5)
-		ctx, cancel := timeout(t, b.deliveryTimeout(t))
-		defer cancel()
+		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		if err := b.Publisher.Publish(ctx, evs); err != nil {
 			t.Fatalf("Publish: %v", err)
 		}
@@ -147,8 +153,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		et := uniqueType("order")
 		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 60, 3)
-		ctx, cancel := timeout(t, b.deliveryTimeout(t))
-		defer cancel()
+		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		for i := 0; i < len(evs); i += 20 {
 			if err := b.Publisher.Publish(ctx, evs[i:i+20]); err != nil {
 				t.Fatalf("Publish: %v", err)
@@ -179,8 +184,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 21, 4)
 		evs[10] = b.poison(evs[10])
-		ctx, cancel := timeout(t, b.deliveryTimeout(t))
-		defer cancel()
+		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		errs := core.EventErrors(b.Publisher.Publish(ctx, evs), len(evs))
 		// A publisher may hold back the later events of the poison's own
 		// aggregate, to keep its order (SNS FIFO does, as the relay's
@@ -233,8 +237,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 				t.Errorf("event %d published with a cancelled context: error %v, want one wrapping context.Canceled", i, err)
 			}
 		}
-		ctx, cancel := timeout(t, b.deliveryTimeout(t))
-		defer cancel()
+		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		if err := b.Publisher.Publish(ctx, evs); err != nil {
 			t.Fatalf("Publish after a cancelled one: %v", err)
 		}

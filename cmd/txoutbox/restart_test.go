@@ -29,9 +29,11 @@ import (
 
 // Log mode confirms its position as the broker confirms: two log relays
 // on one stream, the streaming one SIGKILLed every 1.5-2.5 s of events
-// (750-1250 events) and started again, producers committing 500 events/s. What a takeover sends again is
-// what the killed relay published in its last moments (bounded by 200 ms
-// of events and a batch), and below 1 % of the events in all.
+// (750-1250 events) and started again, producers committing 500 events/s.
+// Nothing is lost, the standing-by relay takes over, and what a takeover
+// sends again is the tail of what the killed relay published, from the
+// position it had confirmed. The long tier also bounds the amount: below
+// 1 % of the events, at most 200 ms of events after one kill.
 func TestLogModeKillsSendLittleAgain(t *testing.T) {
 	tier.SkipShort(t)
 	t.Parallel()
@@ -134,9 +136,7 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 						_ = p.cmd.Wait()
 						// The other relay, standing by, takes over.
 						other := relays[1-i]
-						for !streaming(other) && time.Since(killedAt) < 30*time.Second {
-							time.Sleep(10 * time.Millisecond)
-						}
+						wait.Until(t, "the standing-by relay to take over", func() bool { return streaming(other) })
 						takeovers = append(takeovers, time.Since(killedAt))
 						mu.Lock()
 						for k, o := range outputs {
@@ -201,19 +201,36 @@ func TestLogModeKillsSendLittleAgain(t *testing.T) {
 			t.Logf("sent again, by (first process, later process): %v; killed: %v", pairs, kills)
 			slices.Sort(takeovers)
 			t.Logf("takeovers after SIGKILL: %v", takeovers)
-			for _, d := range takeovers {
-				if d >= 30*time.Second {
-					t.Errorf("no relay streamed 30s after the streaming one was killed")
-				}
-			}
 			if len(kills) < 3 {
 				t.Errorf("only %d kills: the test did not kill enough", len(kills))
 			}
-			if float64(dups) >= 0.01*float64(total) {
-				t.Errorf("%d of %d events sent again after %d kills: over 1 %%", dups, total, len(kills))
+			// What a takeover sends again starts at the position the killed
+			// relay had confirmed: it is the tail of what that relay
+			// published, never an event from before one it confirmed.
+			for _, k := range kills {
+				ids := sinkIDsLenient(outputs[k].String())
+				first := slices.IndexFunc(ids, func(id string) bool { return seen[id] > 1 && firstBy[id] == k })
+				if first < 0 {
+					continue
+				}
+				for _, id := range ids[first:] {
+					if seen[id] == 1 {
+						t.Errorf("process %d: event %s, published after one it sent again (%s), was not sent again: the successor skipped or the killed relay confirmed out of order",
+							k, id, ids[first])
+						break
+					}
+				}
 			}
-			if limit := rate / 5; worst > limit {
-				t.Errorf("one takeover sent %d events again, over the last 200 ms of events (%d)", worst, limit)
+			// How much a kill sends again depends on where the kill lands
+			// and on the machine's load: a figure, bounded in the long
+			// tier only.
+			if tier.Long() {
+				if float64(dups) >= 0.01*float64(total) {
+					t.Errorf("%d of %d events sent again after %d kills: over 1 %%", dups, total, len(kills))
+				}
+				if limit := rate / 5; worst > limit {
+					t.Errorf("one takeover sent %d events again, over the last 200 ms of events (%d)", worst, limit)
+				}
 			}
 		})
 	}

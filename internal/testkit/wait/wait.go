@@ -51,6 +51,13 @@ func Until(t testing.TB, what string, cond func() bool) {
 // fixture that returns errors: it returns nil once check is done, ctx's
 // error when ctx ends first, or an error saying what stalled.
 func Poll(ctx context.Context, what string, check func() (done bool, seen any)) error {
+	return poll(ctx, what, Stall, check)
+}
+
+func poll(ctx context.Context, what string, stall time.Duration, check func() (done bool, seen any)) error {
+	if stall <= 0 {
+		stall = Stall
+	}
 	start := time.Now()
 	var last string
 	moved := start
@@ -63,7 +70,7 @@ func Poll(ctx context.Context, what string, check func() (done bool, seen any)) 
 		if s := fmt.Sprint(seen); first || s != last {
 			last, moved = s, now
 		}
-		if still := now.Sub(moved); still >= Stall {
+		if still := now.Sub(moved); still >= stall {
 			return fmt.Errorf("waited for %s: nothing changed for %s (last seen: %s)", what, still.Round(time.Second), describe(seen))
 		}
 		if total := now.Sub(start); total >= Cap {
@@ -91,4 +98,17 @@ func envDuration(name string, def time.Duration) time.Duration {
 		}
 	}
 	return def
+}
+
+// Context returns a context for a wait that may take as long as it keeps
+// moving: it ends when t ends, or once seen has shown the same value for
+// stall (Stall when zero), or at Cap. context.Cause tells which, in the
+// words of Poll's error.
+func Context(t testing.TB, what string, stall time.Duration, seen func() any) context.Context {
+	ctx, cancel := context.WithCancelCause(t.Context())
+	t.Cleanup(func() { cancel(nil) })
+	go func() {
+		cancel(poll(ctx, what, stall, func() (bool, any) { return false, seen() }))
+	}()
+	return ctx
 }

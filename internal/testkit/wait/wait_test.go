@@ -1,7 +1,9 @@
 package wait_test
 
 import (
+	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -64,6 +66,30 @@ func TestUntilReturnsOnceTrue(t *testing.T) {
 		wait.Until(t, "a second to pass", func() bool { return time.Since(start) >= time.Second })
 		if time.Since(start) < time.Second {
 			t.Fatal("returned before the condition held")
+		}
+	})
+}
+
+// A Context lives while its progress moves and ends, with the stall as its
+// cause, once it stands still.
+func TestContextEndsOnAStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var n atomic.Int64
+		ctx := wait.Context(t, "deliveries", 10*time.Second, func() any { return n.Load() })
+		for range 30 { // 30 s of progress, three times the stall limit
+			time.Sleep(time.Second)
+			n.Add(1)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the context ended while progress was made: %v", context.Cause(ctx))
+		}
+		<-ctx.Done()
+		if took := time.Since(start); took < 40*time.Second {
+			t.Errorf("ended %s after the start, before 10 s without progress", took)
+		}
+		if cause := context.Cause(ctx); cause == nil || !strings.Contains(cause.Error(), "deliveries") {
+			t.Errorf("cause %v does not name the wait", cause)
 		}
 	})
 }
