@@ -118,8 +118,8 @@ for p in $all; do
 	case " ${pkgs[*]} " in *" $p "*) ;; *) pkgs+=("$p") ;; esac
 done
 lanes=${TXOUTBOX_TEST_P:-2}
-parallel=${TXOUTBOX_TEST_PARALLEL:-2}
-matrix_parallel=${TXOUTBOX_MATRIX_PARALLEL:-2}
+parallel=${TXOUTBOX_TEST_PARALLEL:-4}
+matrix_parallel=${TXOUTBOX_MATRIX_PARALLEL:-3}
 outage=$(git grep -l '^func TestOutage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
 rm -rf .services/outage.claim
 outage_tests() {
@@ -166,6 +166,21 @@ for r in .services/test.json .services/test-faults.json .services/test-outage.js
 done
 cat .services/test.json .services/test-faults.json .services/test-outage.json | .services/bin/testreport -top 10 | sed -n "/^The [0-9]* slowest tests/,\$p" || true
 .services/bin/cpuexec -report 10 <.services/cpu.log || true
+# The servers' CPU (their own and that of the children they reaped:
+# PostgreSQL's backends), which the tests' figures above leave out.
+echo "CPU of the servers (user+sys, children included):"
+hz=$(getconf CLK_TCK)
+for name in postgres mariadbd beam.smp nats-server goaws-v0.4.5 gofakes3-v1.2.0 pgbouncer; do
+	total=0
+	for pid in $(pgrep -x "$name" 2>/dev/null || true); do
+		# Fields 14-17 of /proc/PID/stat: utime, stime, cutime, cstime.
+		t=$(awk '{sub(/^.*\) /, ""); print $12 + $13 + $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+		total=$((total + t))
+	done
+	if [ "$total" -gt 0 ]; then
+		awk -v t="$total" -v hz="$hz" -v n="$name" 'BEGIN { printf "    %6.1fs  %s\n", t / hz, n }'
+	fi
+done
 if [ -f "${TXOUTBOX_PGBOUNCER_GATE_LOG:-}" ]; then
 	echo "test.sh: the shared PgBouncer's gate kept $(grep -c 'dropped a cancel request' "$TXOUTBOX_PGBOUNCER_GATE_LOG") cancel requests from it (pgbouncer#822 in 1.18, see internal/cancelgate)" >&2
 fi
