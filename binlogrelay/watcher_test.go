@@ -17,6 +17,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -74,9 +75,10 @@ func TestWatcherWakesTheRelay(t *testing.T) {
 	// The relay may publish an event (in the quick look again after an
 	// earlier wake-up) before the watcher has read its commit: give the
 	// watcher a moment to count it.
-	for deadline := time.Now().Add(5 * time.Second); w.Stats().Wakes < int64(len(evs)) && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, "a wake-up per insert", func() (bool, any) {
+		st := w.Stats()
+		return st.Wakes >= int64(len(evs)), st.Wakes
+	})
 	if st := w.Stats(); st.Wakes < int64(len(evs)) || st.Connects != 1 {
 		t.Errorf("watcher stats %+v: want a wake per insert", st)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 func TestRunCleanupDeletesUntilCancelled(t *testing.T) {
@@ -29,10 +30,7 @@ func TestRunCleanupDeletesUntilCancelled(t *testing.T) {
 	go func() {
 		done <- inbox.RunCleanup(rctx, ib, inbox.CleanupOptions{Interval: 10 * time.Millisecond, OnProgress: func(n int64) { deleted.Add(n) }})
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for deleted.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Until(t, "the cleanup's first delete", func() bool { return deleted.Load() != 0 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("RunCleanup = %v, want nil after cancel", err)

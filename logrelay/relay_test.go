@@ -751,17 +751,13 @@ func TestOutdatedTriggerIsUpdated(t *testing.T) {
 		}
 	}()
 	// The relay updates the function as its stream starts.
-	deadline := time.Now().Add(20 * time.Second)
 	var src string
-	for time.Now().Before(deadline) {
+	wait.Until(t, "the relay to update the trigger function", func() bool {
 		if err := conn.QueryRow(ctx, "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)", fn).Scan(&src); err != nil {
 			t.Fatal(err)
 		}
-		if strings.Contains(src, "next_attempt_at") {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(src, "next_attempt_at")
+	})
 	if !strings.Contains(src, "next_attempt_at") {
 		t.Fatalf("the relay left the outdated trigger function as it was:\n%s", src)
 	}

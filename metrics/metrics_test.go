@@ -14,6 +14,7 @@ import (
 
 	memoutbox "github.com/txoutbox/txoutbox/adapters/memory"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/metrics"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -506,17 +507,11 @@ func TestStatsCheckFailuresCounted(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- mon.Run(ctx) }()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	wait.For(t, "the monitor's fifth check", func() (bool, any) {
 		mu.Lock()
-		n := checks
-		mu.Unlock()
-		if n >= 5 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the monitor did not check 5 times in 5s")
-		}
-	}
+		defer mu.Unlock()
+		return checks >= 5, checks
+	})
 	cancel()
 	<-done
 	if got := value(t, reg, "txoutbox_stats_check_failures_total"); got != 3 {

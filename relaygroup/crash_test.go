@@ -14,6 +14,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/relaygroup"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -130,20 +131,16 @@ func TestOneDatabaseCrashedNoneLost(t *testing.T) {
 		o.mu.Lock()
 		ids := o.committed
 		o.mu.Unlock()
-		deadline := time.Now().Add(60 * time.Second)
 		lost := len(ids)
-		for time.Now().Before(deadline) {
+		_ = wait.Poll(t.Context(), "every event delivered", func() (bool, any) {
 			lost = 0
 			for _, id := range ids {
 				if o.rec.Count(id) == 0 {
 					lost++
 				}
 			}
-			if lost == 0 {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return lost == 0, lost
+		})
 		if lost > 0 || len(ids) == 0 {
 			t.Errorf("tenant-%d: %d of %d committed events never published", i, lost, len(ids))
 		} else {

@@ -17,6 +17,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/cetest"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -112,19 +113,16 @@ func event(t testing.TB, eventType, agg string, n int) core.Event {
 // there.
 func get(t testing.TB, ch *amqp.Channel, queue string) amqp.Delivery {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		d, ok, err := ch.Get(queue, true)
+	var d amqp.Delivery
+	wait.Until(t, "a message in "+queue, func() bool {
+		got, ok, err := ch.Get(queue, true)
 		if err != nil {
 			t.Fatalf("get from %s: %v", queue, err)
 		}
-		if ok {
-			return d
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("no message in %s", queue)
-	return amqp.Delivery{}
+		d = got
+		return ok
+	})
+	return d
 }
 
 // The publisher declares the Consumers' durable queues, so an event
@@ -286,10 +284,10 @@ func TestConsumerGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	other.Wait(t, 20)
-	deadline := time.Now().Add(20 * time.Second)
-	for a.Count()+b.Count() < 20 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, "20 messages to the group", func() (bool, any) {
+		n := a.Count() + b.Count()
+		return n >= 20, n
+	})
 	if a.Count()+b.Count() != 20 {
 		t.Fatalf("group received %d+%d, want 20 in all", a.Count(), b.Count())
 	}

@@ -3,6 +3,7 @@ package amqpbroker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/testing/faultproxy"
 )
 
@@ -82,15 +84,11 @@ func TestOutageBlockedBrokerTimesOutPublish(t *testing.T) {
 	unblock()
 	// The timed-out publishes may still reach the queue once the broker
 	// reads them; they are duplicates, which is what at-least-once allows.
-	deadline := time.Now().Add(60 * time.Second)
-	for pending := evs; len(pending) > 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d events unpublished a minute after the broker was unblocked", len(pending))
-		}
+	pending := evs
+	wait.For(t, "every event published after the broker was unblocked", func() (bool, any) {
 		if _, err := relay.Drain(t.Context()); err != nil {
 			t.Logf("drain: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
 		var still []core.Event
 		for _, ev := range pending {
 			stored, err := f.Get(t.Context(), ev.ID)
@@ -102,8 +100,9 @@ func TestOutageBlockedBrokerTimesOutPublish(t *testing.T) {
 			}
 		}
 		pending = still
-	}
-	got.WaitIDs(t, fixtures.EventIDs(evs), 30*time.Second)
+		return len(pending) == 0, fmt.Sprintf("%d unpublished", len(pending))
+	})
+	got.WaitIDs(t, fixtures.EventIDs(evs))
 }
 
 // A publisher whose network to RabbitMQ starts holding every byte before
@@ -158,19 +157,12 @@ func TestPublishDeadlineBoundsRoundTrips(t *testing.T) {
 			if err := proxy.Heal(); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(30 * time.Second)
-			for {
+			wait.For(t, "a publish to succeed after the heal", func() (bool, any) {
 				ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 				err := pub.Publish(ctx, []core.Event{ev})
 				cancel()
-				if err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("no publish succeeded within 30s of the heal: %v", err)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+				return err == nil, err
+			})
 		})
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
@@ -77,6 +76,6 @@ func TestTLSThroughURL(t *testing.T) {
 	if err := p.Publish(t.Context(), evs); err != nil {
 		t.Fatal(err)
 	}
-	got.WaitIDs(t, fixtures.EventIDs(evs), 30*time.Second)
+	got.WaitIDs(t, fixtures.EventIDs(evs))
 	rawChannel(t).ExchangeDelete(et, false, false)
 }

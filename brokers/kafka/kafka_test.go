@@ -25,6 +25,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/cetest"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -351,12 +352,12 @@ func TestConsumerGroupSharesPartitions(t *testing.T) {
 	a := fixtures.Receive(t, newSubscriber(t, cl.addrs, group), et)
 	b := fixtures.Receive(t, newSubscriber(t, cl.addrs, group), et)
 	var sent []core.Event
-	deadline := time.Now().Add(60 * time.Second)
 	// Keep publishing (40 aggregates over 4 partitions per round) until the
 	// second member has joined and both got a share.
-	for round := 0; a.Count() == 0 || b.Count() == 0; round++ {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %d rounds one member still has nothing: %d and %d", round, a.Count(), b.Count())
+	round := 0
+	wait.Until(t, "both members of the group to get a share", func() bool {
+		if a.Count() > 0 && b.Count() > 0 {
+			return true
 		}
 		var evs []core.Event
 		for i := range 40 {
@@ -366,9 +367,11 @@ func TestConsumerGroupSharesPartitions(t *testing.T) {
 			t.Fatal(err)
 		}
 		sent = append(sent, evs...)
+		round++
 		time.Sleep(300 * time.Millisecond)
-	}
-	for {
+		return false
+	})
+	wait.For(t, "every event at the group", func() (bool, any) {
 		got := a.IDs()
 		for id, n := range b.IDs() {
 			got[id] += n
@@ -379,14 +382,8 @@ func TestConsumerGroupSharesPartitions(t *testing.T) {
 				missing++
 			}
 		}
-		if missing == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d events never reached the group", missing, len(sent))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return missing == 0, fmt.Sprintf("%d of %d missing", missing, len(sent))
+	})
 	t.Logf("%d events: the members received %d and %d", len(sent), a.Count(), b.Count())
 }
 

@@ -38,7 +38,7 @@ func TestPublisherRecoversAfterClusterDown(t *testing.T) {
 	if err := p.Publish(t.Context(), before); err != nil {
 		t.Fatalf("Publish before the outage: %v", err)
 	}
-	got.WaitIDs(t, fixtures.EventIDs(before), 60*time.Second)
+	got.WaitIDs(t, fixtures.EventIDs(before))
 
 	cl.stop()
 	for i := range 2 {
@@ -64,5 +64,5 @@ func TestPublisherRecoversAfterClusterDown(t *testing.T) {
 	if err := p.Publish(t.Context(), after); err != nil {
 		t.Fatalf("Publish after recovery: %v", err)
 	}
-	got.WaitIDs(t, append(fixtures.EventIDs(during), fixtures.EventIDs(after)...), 60*time.Second)
+	got.WaitIDs(t, append(fixtures.EventIDs(during), fixtures.EventIDs(after)...))
 }

@@ -49,5 +49,5 @@ func TestTLSAndSASL(t *testing.T) {
 	if err := p.Publish(t.Context(), evs); err != nil {
 		t.Fatal(err)
 	}
-	got.WaitIDs(t, fixtures.EventIDs(evs), 30*time.Second)
+	got.WaitIDs(t, fixtures.EventIDs(evs))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/cetest"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -349,18 +351,13 @@ func TestRelayRepublishesReachNoConsumer(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		wait.For(t, "no event pending", func() (bool, any) {
 			st, err := f.Store.Stats(t.Context())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.Pending == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d events still pending after 30s", st.Pending)
-			}
-		}
+			return st.Pending == 0, fmt.Sprintf("%d pending", st.Pending)
+		})
 		cancel()
 		<-done
 		lost := faulty.Counts().FailedAfterSend

@@ -7,9 +7,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -120,10 +120,7 @@ func TestREADMEGORM(t *testing.T) {
 	if err := runGORM(ctx, testenv.PostgresDSN(t), rec); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for rec.Distinct() < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, "both events published", func() (bool, any) { n := rec.Distinct(); return n >= 2, n })
 	rec.RequirePublished(t, "order.noted", map[string]string{"note": "gift"})
 	rec.RequirePublished(t, "order.created", nil)
 }

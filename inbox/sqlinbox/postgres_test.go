@@ -2,11 +2,13 @@ package sqlinbox_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // TestPostgresDuplicateWaitsOnRowLock shows why concurrent duplicates take
@@ -48,18 +50,12 @@ func TestPostgresDuplicateWaitsOnRowLock(t *testing.T) {
 
 	// Find the second delivery waiting on the first's transaction.
 	var waitType, waitEvent string
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	wait.For(t, "the second delivery's INSERT to wait on a lock", func() (bool, any) {
 		err := db.QueryRowContext(ctx, `SELECT wait_event_type, wait_event FROM pg_stat_activity
 			WHERE datname = current_database() AND query LIKE 'INSERT INTO "processed_events"%' AND state = 'active'`).
 			Scan(&waitType, &waitEvent)
-		if err == nil && waitType == "Lock" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the second delivery's INSERT never waited on a lock (last: %q %q, %v)", waitType, waitEvent, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && waitType == "Lock", fmt.Sprintf("%q %q %v", waitType, waitEvent, err)
+	})
 	if waitEvent != "transactionid" {
 		t.Errorf("second INSERT waits on %q, want transactionid (the first delivery's transaction)", waitEvent)
 	}
