@@ -17,6 +17,7 @@ import (
 	"github.com/txoutbox/txoutbox/archive"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/testing/sqlfixture"
 )
 
@@ -67,15 +68,13 @@ func TestKilledArchiverLosesNothing(t *testing.T) {
 			}
 			// The killed child's lock goes with its connection, once the
 			// server has seen the connection close: a moment after the kill.
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			wait.For(t, "the killed archiver's lock to go", func() (bool, any) {
 				_, err := a.ArchiveBefore(ctx, time.Now().Add(time.Minute), nil)
-				if err == nil {
-					break
-				}
-				if !errors.Is(err, archive.ErrLocked) || time.Now().After(deadline) {
+				if err != nil && !errors.Is(err, archive.ErrLocked) {
 					t.Fatal(err)
 				}
-			}
+				return err == nil, err
+			})
 			if n := o.count(t, "1=1"); n != 0 {
 				t.Fatalf("%d rows left", n)
 			}

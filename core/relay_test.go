@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/txoutbox/txoutbox/core"
@@ -179,10 +180,7 @@ func TestRunDrainsAndStopsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error)
 	go func() { done <- r.Run(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for pub.count() < 1000 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, "1000 events published", func() (bool, any) { n := pub.count(); return n >= 1000, n })
 	if pub.count() != 1000 {
 		t.Fatalf("published %d of 1000", pub.count())
 	}
@@ -202,27 +200,34 @@ func TestRunDrainsAndStopsOnCancel(t *testing.T) {
 	}
 }
 
+// On a fake clock (synctest): the notified relay publishes long before its
+// hourly poll could have, however slow the machine.
 func TestNotifyWakesIdleRelay(t *testing.T) {
 	t.Parallel()
-	s := newMemStore()
-	pub := &recordingPub{}
-	r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, PollInterval: time.Hour})
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	go func() { _ = r.Run(ctx) }()
-	time.Sleep(20 * time.Millisecond)
-	// Notify first, as a producer does before its commit; the event shows up
-	// a few milliseconds later.
-	r.Notify()
-	time.Sleep(3 * time.Millisecond)
-	s.add(testEvents(1, "t")...)
-	deadline := time.Now().Add(2 * time.Second)
-	for pub.count() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if pub.count() != 1 {
-		t.Fatal("a notified relay did not publish within 2s (poll interval 1h)")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := newMemStore()
+		pub := &recordingPub{}
+		r, _ := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, PollInterval: time.Hour})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		synctest.Wait() // the first claim found nothing; the relay sleeps
+		// Notify first, as a producer does before its commit; the event
+		// shows up a few milliseconds later.
+		start := time.Now()
+		r.Notify()
+		time.Sleep(3 * time.Millisecond)
+		s.add(testEvents(1, "t")...)
+		for pub.count() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		if took := time.Since(start); took >= time.Hour {
+			t.Fatalf("published %v after Notify: on the hourly poll, not on the wake-up", took)
+		}
+		cancel()
+		<-done
+	})
 }
 
 // A worker woken by Notify keeps looking for a little while after a claim
@@ -378,7 +383,8 @@ func TestShutdownTimeoutReleasesBatchUnmarked(t *testing.T) {
 }
 
 // barrierPub holds each Publish until want of them are in flight at once
-// (or a second passed), and records the most it saw.
+// (or a second passed: run it on synctest's clock), and records the most it
+// saw.
 type barrierPub struct {
 	recordingPub
 	want     int
@@ -405,26 +411,30 @@ func (p *barrierPub) Publish(ctx context.Context, evs []core.Event) error {
 // drains a backlog with four workers gets four claims in flight.
 func TestDrainRunsConcurrencyWorkers(t *testing.T) {
 	t.Parallel()
-	s := newMemStore()
-	s.add(testEvents(40, "t")...)
-	pub := &barrierPub{want: 4}
-	r, err := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, Concurrency: 4, BatchSize: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := r.Drain(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Published != 40 || pub.count() != 40 {
-		t.Fatalf("Drain published %d (publisher saw %d) of 40", res.Published, pub.count())
-	}
-	if got := pub.most.Load(); got != 4 {
-		t.Errorf("at most %d publishes in flight at once, want 4 (Concurrency)", got)
-	}
-	for id, n := range pub.seen {
-		if n != 1 {
-			t.Errorf("event %s published %d times", id, n)
+	// On a fake clock, the barrier's one-second give-up comes only once
+	// every worker is blocked: a slow machine cannot make it pass early.
+	synctest.Test(t, func(t *testing.T) {
+		s := newMemStore()
+		s.add(testEvents(40, "t")...)
+		pub := &barrierPub{want: 4}
+		r, err := core.NewRelay(s, pub, core.RelayOptions{Logger: quiet, Concurrency: 4, BatchSize: 10})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		res, err := r.Drain(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Published != 40 || pub.count() != 40 {
+			t.Fatalf("Drain published %d (publisher saw %d) of 40", res.Published, pub.count())
+		}
+		if got := pub.most.Load(); got != 4 {
+			t.Errorf("at most %d publishes in flight at once, want 4 (Concurrency)", got)
+		}
+		for id, n := range pub.seen {
+			if n != 1 {
+				t.Errorf("event %s published %d times", id, n)
+			}
+		}
+	})
 }

@@ -14,6 +14,7 @@ import (
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 func TestEnqueueCommitAndRollback(t *testing.T) {
@@ -279,14 +280,14 @@ func TestAbandonedClaimPostgres(t *testing.T) {
 	}
 	// pg_terminate_backend only signals: the locks go a moment later.
 	var c core.Claim
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	wait.Until(t, "the crashed claim's events to be claimable", func() bool {
 		c = e.claim(t, 10)
-		if len(c.Events()) > 0 || time.Now().After(deadline) {
-			break
+		if len(c.Events()) > 0 {
+			return true
 		}
 		c.Release(ctx)
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
 	if got := seqsOf(c.Events()); !slices.Equal(got, seqsOf(evs)) {
 		t.Errorf("after the crash claimed %v, want %v", got, seqsOf(evs))
 	}

@@ -11,6 +11,7 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // recorder is an in-memory broker: it counts what it accepted per event ID
@@ -97,10 +98,10 @@ func testRelayEndToEnd(t *testing.T, b backend, deleteOnPublish bool) {
 		rec.mu.Unlock()
 		committed = append(committed, e.enqueue(t, true, evs...)...)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for rec.total() < len(committed) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, "every committed event published", func() (bool, any) {
+		n := rec.total()
+		return n >= len(committed), n
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
