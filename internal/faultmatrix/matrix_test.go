@@ -37,6 +37,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/sqstest"
 	"github.com/txoutbox/txoutbox/internal/testenv"
 	"github.com/txoutbox/txoutbox/internal/testkit/tier"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 	"github.com/txoutbox/txoutbox/testing/faultproxy"
@@ -526,7 +527,8 @@ func (c *cell) rotateAndPurge(t *testing.T) {
 	}
 	// The server keeps a file until InnoDB's checkpoint of it is
 	// written: purge until the oldest is the new one.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	// The server's own pace: a cell whose purge lags still runs.
+	_ = wait.Poll(t.Context(), "the binlog files before "+file+" purged", func() (bool, any) {
 		if _, err := db.ExecContext(t.Context(), "PURGE BINARY LOGS TO '"+file+"'"); err != nil {
 			t.Fatal(err)
 		}
@@ -535,10 +537,8 @@ func (c *cell) rotateAndPurge(t *testing.T) {
 		if err := db.QueryRowContext(t.Context(), "SHOW BINARY LOGS").Scan(&first, &size); err != nil {
 			t.Fatal(err)
 		}
-		if first == file || time.Now().After(deadline) {
-			return
-		}
-	}
+		return first == file, first
+	})
 }
 
 // exhaustProducers takes every connection of the producers' pool, each in
@@ -602,13 +602,11 @@ func (c *cell) startRelay(t *testing.T) {
 	// /healthz answers 200 (it answers 503 while it waits for the
 	// database and the broker). A relay started again after a kill is
 	// ready when /healthz answers at all: a fault may still be on.
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if code, _ := c.get("/healthz"); code == http.StatusOK || code != 0 && !first {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the relay process is not ready (/healthz) 60s after its start:\n%s", out)
-		}
+	if err := wait.Poll(t.Context(), "the relay process to be ready (/healthz)", func() (bool, any) {
+		code, _ := c.get("/healthz")
+		return code == http.StatusOK || code != 0 && !first, code
+	}); err != nil && t.Context().Err() == nil {
+		t.Fatalf("%v:\n%s", err, out)
 	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
@@ -988,11 +986,12 @@ func (c *cell) gauge(name string) string {
 	return m[1]
 }
 
-// checkDuring waits (at most 10s) until the relay reports the fault.
+// checkDuring waits until the relay reports the fault, which holds until
+// then: it fails only when the relay's report stands still for wait.Stall.
 func (c *cell) checkDuring(t *testing.T, signals string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var last string
+	err := wait.Poll(t.Context(), "the relay to report the fault", func() (bool, any) {
 		var ok bool
 		var state string
 		code, _ := c.get("/healthz")
@@ -1013,14 +1012,11 @@ func (c *cell) checkDuring(t *testing.T, signals string) {
 			state = fmt.Sprintf("/healthz %d", code)
 			ok = code == http.StatusServiceUnavailable
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("during the fault the relay reported %s", state)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+		last = state
+		return ok, state
+	})
+	if err != nil && t.Context().Err() == nil {
+		t.Errorf("during the fault the relay reported %s: %v", last, err)
 	}
 }
 
@@ -1050,26 +1046,23 @@ func (c *cell) checkAfter(t *testing.T, signals string) {
 	if c.httpAddr == "" || c.relayLog == nil {
 		return
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var state string
+	err := wait.Poll(t.Context(), "the relay to report itself healthy after the fault", func() (bool, any) {
 		code, _ := c.get("/healthz")
 		b, s := c.gauge("txoutbox_broker_up"), c.gauge("txoutbox_store_up")
-		if code == http.StatusOK && b == "1" && s == "1" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("after the fault: /healthz %d, txoutbox_broker_up %s, txoutbox_store_up %s; want 200, 1, 1", code, b, s)
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+		state = fmt.Sprintf("/healthz %d, txoutbox_broker_up %s, txoutbox_store_up %s", code, b, s)
+		return code == http.StatusOK && b == "1" && s == "1", state
+	})
+	if err != nil && t.Context().Err() == nil {
+		t.Errorf("after the fault: %s; want 200, 1, 1 (%v)", state, err)
 	}
 	// The relay announces the broker back once it has taken events for
 	// two seconds (a flapping broker is one outage): wait for the line.
-	errs := announcementErrors(c.relayLog.String(), signals, c.backend)
-	for len(errs) > 0 && time.Now().Before(deadline.Add(5*time.Second)) {
-		time.Sleep(100 * time.Millisecond)
+	var errs []string
+	_ = wait.Poll(t.Context(), "the relay's announcements", func() (bool, any) {
 		errs = announcementErrors(c.relayLog.String(), signals, c.backend)
-	}
+		return len(errs) == 0, len(c.relayLog.String())
+	})
 	for _, e := range errs {
 		t.Error(e)
 	}
