@@ -530,12 +530,26 @@ func TestServerCrashSendsNothingConfirmedAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
+	// The WAL written so far covers every event's commit (each Enqueue
+	// returned after its commit was flushed).
+	var written string
+	if err := db.QueryRowContext(t.Context(), "SELECT pg_current_wal_lsn()::text").Scan(&written); err != nil {
+		t.Fatal(err)
+	}
+	ctx := wait.Context(t, "the events at the broker", 0, func() any { return rec.Distinct() })
 	if err := rec.WaitDistinct(ctx, len(evs)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second) // confirmed, and recorded
+	// Confirmed, and recorded: the relays' table holds a position past
+	// every event (an idle stream confirms the server's keepalive
+	// positions, so it gets there once the last commit is confirmed).
+	positions := dialect.Postgres.Quote(dialect.Identifier{Schema: s.Table.Schema, Name: logrelay.PositionsTable})
+	var recorded string
+	wait.For(t, "the recorded position to pass every event", func() (bool, any) {
+		var ok bool
+		err := db.QueryRowContext(t.Context(), "SELECT lsn::text, lsn >= $1::pg_lsn FROM "+positions+" WHERE slot = 'crash'", written).Scan(&recorded, &ok)
+		return err == nil && ok, recorded
+	})
 	var slot string
 	if err := db.QueryRowContext(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'crash'").Scan(&slot); err != nil {
 		t.Fatal(err)
@@ -566,7 +580,7 @@ func TestServerCrashSendsNothingConfirmedAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := again.WaitDistinct(ctx, len(more)); err != nil {
+	if err := again.WaitDistinct(wait.Context(t, "the events after the crash", 0, func() any { return again.Distinct() }), len(more)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
