@@ -51,8 +51,8 @@ func TestWatcherWakesTheRelay(t *testing.T) {
 	defer func() { cancel(); wg.Wait() }()
 	select {
 	case <-w.Ready():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the watcher did not start reading in 10s")
+	case <-time.After(wait.Stall):
+		t.Fatal("the watcher did not start reading")
 	}
 	time.Sleep(100 * time.Millisecond) // the relay's first poll is over
 	evs := events(t, 20, 4)
@@ -123,7 +123,7 @@ func TestWatcherWithoutPrivilegeFallsBackToPolling(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Run: %v, want nil (polling)", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait.Stall):
 		t.Fatal("the watcher without privileges did not give up")
 	}
 	mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // hangAfter publishes the first n events of each call and then waits for
@@ -27,7 +28,7 @@ func hangAfter(n int, published *atomic.Int32) core.PublisherFunc {
 			select {
 			case <-ctx.Done():
 				be.Errs[i] = ctx.Err()
-			case <-time.After(5 * time.Second):
+			case <-time.After(wait.Stall):
 				be.Errs[i] = errors.New("the relay never cut this publish off")
 			}
 		}
@@ -161,11 +162,11 @@ func TestPublisherIgnoringContextIsReported(t *testing.T) {
 		}
 	}()
 	// This publisher ignores ctx: it returns only once the relay has said
-	// so (or after 10s, which fails the test below).
+	// so (or after wait.Stall, which fails the test below).
 	pub := core.PublisherFunc(func(ctx context.Context, _ []core.Event) error {
 		select {
 		case <-warned:
-		case <-time.After(10 * time.Second):
+		case <-time.After(wait.Stall):
 		}
 		return nil
 	})

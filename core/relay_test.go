@@ -195,7 +195,7 @@ func TestRunDrainsAndStopsOnCancel(t *testing.T) {
 		if err != nil {
 			t.Errorf("Run = %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(wait.Stall):
 		t.Fatal("Run did not stop after cancel")
 	}
 }

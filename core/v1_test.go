@@ -72,7 +72,7 @@ func TestRunReturnsNotMigrated(t *testing.T) {
 		if !errors.Is(err, core.ErrNotMigrated) {
 			t.Fatalf("Run = %v, want ErrNotMigrated", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(wait.Stall):
 		t.Fatal("Run kept retrying a missing table")
 	}
 }

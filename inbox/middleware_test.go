@@ -22,6 +22,7 @@ import (
 	"github.com/txoutbox/txoutbox/inbox"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -233,7 +234,7 @@ func TestPoisonQueueTakesMissingEventID(t *testing.T) {
 		if m.UUID != bad.UUID || !strings.Contains(m.Metadata.Get(middleware.ReasonForPoisonedKey), "event_id") {
 			t.Errorf("poisoned %s with reason %q, want %s for its missing event_id", m.UUID, m.Metadata.Get(middleware.ReasonForPoisonedKey), bad.UUID)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait.Stall):
 		t.Fatal("the message without event_id never reached the poison topic")
 	}
 	if err := pubSub.Publish("orders", eventMessage(uuid.NewString())); err != nil {
@@ -266,7 +267,7 @@ func runRouter(t *testing.T, r *message.Router) {
 	})
 	select {
 	case <-r.Running():
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait.Stall):
 		t.Fatal("router did not start")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 func newEnv(t *testing.T) *fixtures.PGX {
@@ -358,7 +359,7 @@ func TestWritesWakeRelaysOfThePool(t *testing.T) {
 	for i := range 2 {
 		select {
 		case <-woken:
-		case <-time.After(5 * time.Second):
+		case <-time.After(wait.Stall):
 			t.Fatalf("wake-up %d of 2 missing", i+1)
 		}
 	}

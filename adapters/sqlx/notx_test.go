@@ -8,6 +8,7 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -54,7 +55,7 @@ func TestWriteWakesRelaysOfTheTable(t *testing.T) {
 		e.enqueue(t, true, events(1, "x", 1)...)
 		select {
 		case <-woken:
-		case <-time.After(5 * time.Second):
+		case <-time.After(wait.Stall):
 			t.Fatal("Enqueue did not notify the table's signal")
 		}
 	})
