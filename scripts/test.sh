@@ -8,6 +8,16 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 start=$(date +%s)
 stage() { echo "test.sh: $1 ($(($(date +%s) - start))s)" >&2; }
+# cputime runs a command and writes the CPU it and its children used to
+# .services/NAME.cpu ("user sys" in seconds), for the report at the end.
+cputime() {
+	local name=$1
+	shift
+	local rc=0
+	"$@" || rc=$?
+	times | tail -1 | awk '{print $1, $2}' >".services/$name.cpu"
+	return $rc
+}
 
 # Before anything slow: no binary or file over 1 MB is tracked.
 scripts/check-tree.sh
@@ -32,7 +42,7 @@ mkdir -p .services
 if [ -f /usr/include/sqlite3.h ]; then
 	export GOFLAGS="-tags=libsqlite3${GOFLAGS:+ $GOFLAGS}"
 fi
-go list -race -export -test -deps ./... >/dev/null 2>.services/build.log &
+bash -c "$(declare -f cputime); cputime build go list -race -export -test -deps ./..." >/dev/null 2>.services/build.log &
 build=$!
 if [ -n "${TXOUTBOX_SERVICES_ENV:-}" ]; then
 	# Services already running elsewhere (another checkout's): reuse them.
@@ -142,11 +152,11 @@ main=$!
 	outage_tests
 ) &
 faults=$!
-nice -n 19 scripts/vulncheck.sh >.services/vulncheck.log 2>&1 &
+nice -n 19 bash -c "$(declare -f cputime); cputime vulncheck scripts/vulncheck.sh" >.services/vulncheck.log 2>&1 &
 vuln=$!
 # go vet analyses the module (and, for its facts, every dependency) at the
 # lowest priority too: it needs CPU the tests leave idle, not their time.
-nice -n 19 go vet -race ./... >.services/vet.log 2>&1 &
+nice -n 19 bash -c "$(declare -f cputime); cputime vet go vet -race ./..." >.services/vet.log 2>&1 &
 vet=$!
 wait "$main" || true
 wait "$faults" || true
@@ -198,6 +208,11 @@ if ! wait "$vet"; then
 	echo "test.sh: go vet failed" >&2
 	failed=1
 fi
+for step in build vet vulncheck; do
+	if [ -f ".services/$step.cpu" ]; then
+		echo "CPU of $step (user, sys): $(cat ".services/$step.cpu")"
+	fi
+done
 stage "done"
 if [ "$failed" -ne 0 ]; then
 	echo "test.sh: failed" >&2
