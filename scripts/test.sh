@@ -127,7 +127,7 @@ done
 for p in $all; do
 	case " ${pkgs[*]} " in *" $p "*) ;; *) pkgs+=("$p") ;; esac
 done
-lanes=${TXOUTBOX_TEST_P:-2}
+lanes=${TXOUTBOX_TEST_P:-3}
 parallel=${TXOUTBOX_TEST_PARALLEL:-4}
 matrix_parallel=${TXOUTBOX_MATRIX_PARALLEL:-3}
 outage=$(git grep -l '^func TestOutage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')

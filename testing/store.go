@@ -201,7 +201,7 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		// The crashed claim's lease runs out; nothing changes before it
 		// does, so the stall limit is counted from there.
 		time.Sleep(f.ClaimLease)
-		wait.For(t, "the abandoned events to be published again", func() (bool, any) {
+		wait.ForStall(t, "the abandoned events to be published again (the crashed claim still holds them?)", envDeliveryTimeout(t), func() (bool, any) {
 			if rec.Distinct() >= len(evs) && rec.Duplicates() >= len(evs) {
 				return true, nil
 			}
@@ -262,14 +262,14 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		}
 		failing = false
 		time.Sleep(backoff) // nothing can change before the backoff ends
-		wait.Until(t, "the retry after the backoff", func() bool {
+		wait.ForStall(t, "the retry after the backoff", envDeliveryTimeout(t), func() (bool, any) {
 			if rec.Count(bad) > 0 {
-				return true
+				return true, nil
 			}
 			if _, err := relay.ProcessBatch(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			return false
+			return false, nil
 		})
 		stored = mustGet(t, f, bad)
 		if rec.Count(bad) != 1 || stored.PublishedAt == nil || stored.AttemptCount != 2 {
@@ -289,7 +289,7 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		pub := core.PublisherFunc(func(context.Context, []core.Event) error { return errors.New("poison") })
 		relay := mustRelay(t, f, pub, core.RelayOptions{Retry: core.RetryPolicy{MaxAttempts: 3, InitialBackoff: 20 * time.Millisecond, Jitter: -1}})
 		var stored core.Event
-		wait.For(t, "the event dead-lettered", func() (bool, any) {
+		wait.ForStall(t, "the event dead-lettered", envDeliveryTimeout(t), func() (bool, any) {
 			if _, err := relay.ProcessBatch(t.Context()); err != nil {
 				t.Fatal(err)
 			}
@@ -471,11 +471,11 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		go func() { done <- relay.Run(rctx) }()
 		time.Sleep(delay) // nothing is due before NotBefore
 		if f.Store.Capabilities().NextDue != nil {
-			wait.Until(t, "the scheduled event published on its NextDue wake-up", func() bool {
+			wait.ForStall(t, "the scheduled event published on its NextDue wake-up", envDeliveryTimeout(t), func() (bool, any) {
 				mu.Lock()
 				defer mu.Unlock()
 				_, ok := published[soon.ID]
-				return ok
+				return ok, nil
 			})
 		}
 		stop()

@@ -40,6 +40,15 @@ func For(t testing.TB, what string, check func() (done bool, seen any)) {
 	}
 }
 
+// ForStall is For with a stall limit of its own instead of Stall: for a
+// suite whose users set how long their service may go without progress.
+func ForStall(t testing.TB, what string, stall time.Duration, check func() (done bool, seen any)) {
+	t.Helper()
+	if err := poll(t.Context(), what, stall, check); err != nil && t.Context().Err() == nil {
+		t.Fatal(err)
+	}
+}
+
 // Until is For for a condition that has no progress of its own to show:
 // it fails when cond has stayed false for Stall.
 func Until(t testing.TB, what string, cond func() bool) {
