@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // A test's own bouncer never sees a cancel request, which can make
@@ -35,13 +36,10 @@ func TestPgBouncerKeepsCancelsOut(t *testing.T) {
 	}
 	// pgx sends the cancel request on a connection of its own, beside the
 	// query's; the gate logs it as it closes it.
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(b.GateLog(), "dropped a cancel request") {
-		if time.Now().After(deadline) {
-			t.Fatalf("pgx's cancel request did not reach the gate; its log: %q", b.GateLog())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, "pgx's cancel request at the gate", func() (bool, any) {
+		l := b.GateLog()
+		return strings.Contains(l, "dropped a cancel request"), l
+	})
 	again, err := pgx.Connect(t.Context(), b.DSN(strings.TrimPrefix(u.Path, "/")))
 	if err != nil {
 		t.Fatalf("the bouncer after the cancel: %v", err)

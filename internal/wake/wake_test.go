@@ -5,7 +5,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
-	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 func TestOneSignalPerHandleAndTable(t *testing.T) {
@@ -30,23 +31,16 @@ func TestSignalsGoWithTheirHandle(t *testing.T) {
 		h := new(sql.DB)
 		For(h, "gone")
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(t, "the signals to go with their handle", func() (bool, any) {
 		runtime.GC()
 		mu.Lock()
+		defer mu.Unlock()
 		n := 0
 		for k := range signals {
 			if k.table == "gone" {
 				n++
 			}
 		}
-		mu.Unlock()
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d signals outlived their handle", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return n == 0, n
+	})
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // connect opens one connection to dsn, closed when the test ends.
@@ -179,13 +181,8 @@ func TestUnresettableDatabaseDropped(t *testing.T) {
 	if err := leftovers(t.Context(), conn); !errors.Is(err, errLeftovers) || !strings.Contains(err.Error(), "connection limit") {
 		t.Errorf("leftovers = %v, want errLeftovers naming the connection limit", err)
 	}
-	deadline := time.Now().Add(dropDelay + time.Minute)
-	for exists(t, admin, queued[0]) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s (the test's database, renamed) still exists a minute after its test", queued[0])
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	time.Sleep(dropDelay)
+	wait.Until(t, queued[0]+" (the test's database, renamed) dropped", func() bool { return !exists(t, admin, queued[0]) })
 }
 
 // A free database whose expiry fired while a test was taking one is not
@@ -211,17 +208,9 @@ func TestExpiredDatabaseStillDropped(t *testing.T) {
 	if ok {
 		t.Fatalf("took %s, whose expiry had fired", got)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.Until(t, name+", expired while a test took a database, queued for a drop", func() bool {
 		d.mu.Lock()
-		queued := slices.Contains(d.pending, name)
-		d.mu.Unlock()
-		if queued {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s, expired while a test took a database, was never queued for a drop", name)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer d.mu.Unlock()
+		return slices.Contains(d.pending, name)
+	})
 }
