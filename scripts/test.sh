@@ -15,7 +15,10 @@ cputime() {
 	shift
 	local rc=0
 	"$@" || rc=$?
-	times | tail -1 | awk '{print $1, $2}' >".services/$name.cpu"
+	# times in this shell, not in a pipe's subshell: its second line is
+	# the CPU of the children the shell waited for.
+	times >".services/$name.times"
+	tail -1 ".services/$name.times" >".services/$name.cpu"
 	return $rc
 }
 
