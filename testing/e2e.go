@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // e2eRelayOptions are quick to retry, so that the suite finishes in seconds.
@@ -71,7 +72,7 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 			mustEnqueue(t, f, committed[i:i+15], true)
 			mustEnqueue(t, f, rolledBack[i/3:i/3+5], false)
 		}
-		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
+		ctx := wait.Context(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		got := col.Wait(ctx, ids(committed))
 		// No order check here: this relay runs unordered workers. Brokers
 		// prove their order in RunPublisher, the ordered relay in package
@@ -117,7 +118,7 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 			mustEnqueue(t, f, evs[i:i+1], true)
 		}
 		explainMissing(t, f, col, evs)
-		col.Wait(progress(t, "deliveries", b.deliveryTimeout(t), col.seen), ids(evs))
+		col.Wait(wait.Context(t, "deliveries", b.deliveryTimeout(t), col.seen), ids(evs))
 	})
 }
 
@@ -168,7 +169,7 @@ func RunOutage(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 	startRelay(t, f, b.Publisher, e2eRelayOptions(t))
 	// Progress is a delivery, or an attempt recorded during the outage.
 	var attempts atomic.Int64
-	ctx := progress(t, "deliveries and failed attempts", b.deliveryTimeout(t), func() any {
+	ctx := wait.Context(t, "deliveries and failed attempts", b.deliveryTimeout(t), func() any {
 		return fmt.Sprint(col.seen(), " ", attempts.Load())
 	})
 

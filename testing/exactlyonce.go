@@ -107,7 +107,7 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 
 	// As long as deliveries keep coming; a delivery timeout with none
 	// fails.
-	ctx := progress(t, "deliveries", b.deliveryTimeout(t), func() any { return lastSeen.Load() })
+	ctx := wait.Context(t, "deliveries", b.deliveryTimeout(t), func() any { return lastSeen.Load() })
 	// Every committed event took effect and was marked published, so the
 	// relay sends nothing more...
 	if missing := awaitEffects(t, ctx, in, committed, b.deliveryTimeout(t)); missing > 0 {

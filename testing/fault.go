@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // Fault is a fault that RunFault injects while producers write: Inject
@@ -254,7 +255,7 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 
 	// The fault's backlog drains at the relay's pace, for as long as
 	// deliveries keep coming.
-	ctx := progress(t, "deliveries", b.deliveryTimeout(t), func() any {
+	ctx := wait.Context(t, "deliveries", b.deliveryTimeout(t), func() any {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(firstAt)

@@ -12,7 +12,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // StoreFixture is a fresh, migrated, empty outbox on a real database, made
@@ -183,11 +182,4 @@ func ids(evs []core.Event) []string {
 		out[i] = ev.ID
 	}
 	return out
-}
-
-// progress returns the context of a wait that lasts as long as seen keeps
-// changing: it ends once seen has stood still for stall (see package
-// internal/testkit/wait).
-func progress(t *testing.T, what string, stall time.Duration, seen func() any) context.Context {
-	return wait.Context(t, what, stall, seen)
 }

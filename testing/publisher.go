@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 
 // Received is a message the suite read back from a broker.
@@ -134,7 +135,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		et := uniqueType("pub")
 		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 25, 5)
-		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
+		ctx := wait.Context(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		if err := b.Publisher.Publish(ctx, evs); err != nil {
 			t.Fatalf("Publish: %v", err)
 		}
@@ -153,7 +154,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		et := uniqueType("order")
 		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 60, 3)
-		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
+		ctx := wait.Context(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		for i := 0; i < len(evs); i += 20 {
 			if err := b.Publisher.Publish(ctx, evs[i:i+20]); err != nil {
 				t.Fatalf("Publish: %v", err)
@@ -184,7 +185,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 		col := Collect(t, b.Subscriber, b.topic(et))
 		evs := suiteEvents(t, et, 21, 4)
 		evs[10] = b.poison(evs[10])
-		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
+		ctx := wait.Context(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		errs := core.EventErrors(b.Publisher.Publish(ctx, evs), len(evs))
 		// A publisher may hold back the later events of the poison's own
 		// aggregate, to keep its order (SNS FIFO does, as the relay's
@@ -237,7 +238,7 @@ func RunPublisher(t *testing.T, newBroker NewBrokerFunc) {
 				t.Errorf("event %d published with a cancelled context: error %v, want one wrapping context.Canceled", i, err)
 			}
 		}
-		ctx := progress(t, "deliveries", b.deliveryTimeout(t), col.seen)
+		ctx := wait.Context(t, "deliveries", b.deliveryTimeout(t), col.seen)
 		if err := b.Publisher.Publish(ctx, evs); err != nil {
 			t.Fatalf("Publish after a cancelled one: %v", err)
 		}

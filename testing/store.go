@@ -198,10 +198,9 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 			t.Fatalf("Crash: %v", err)
 		}
 		relay := mustRelay(t, f, rec, core.RelayOptions{})
-		// The crashed claim's lease runs out; nothing changes before it
-		// does, so the stall limit is counted from there.
-		time.Sleep(f.ClaimLease)
-		wait.ForStall(t, "the abandoned events to be published again (the crashed claim still holds them?)", envDeliveryTimeout(t), func() (bool, any) {
+		// Nothing changes before the crashed claim's lease runs out: the
+		// stall limit counts from there.
+		wait.ForStall(t, "the abandoned events to be published again (the crashed claim still holds them?)", f.ClaimLease+envDeliveryTimeout(t), func() (bool, any) {
 			if rec.Distinct() >= len(evs) && rec.Duplicates() >= len(evs) {
 				return true, nil
 			}
@@ -261,8 +260,8 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 			t.Errorf("during backoff: claimed %d (err %v), want 0", res.Claimed, err)
 		}
 		failing = false
-		time.Sleep(backoff) // nothing can change before the backoff ends
-		wait.ForStall(t, "the retry after the backoff", envDeliveryTimeout(t), func() (bool, any) {
+		// Nothing can change before the backoff ends.
+		wait.ForStall(t, "the retry after the backoff", backoff+envDeliveryTimeout(t), func() (bool, any) {
 			if rec.Count(bad) > 0 {
 				return true, nil
 			}
@@ -469,14 +468,16 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- relay.Run(rctx) }()
-		time.Sleep(delay) // nothing is due before NotBefore
 		if f.Store.Capabilities().NextDue != nil {
-			wait.ForStall(t, "the scheduled event published on its NextDue wake-up", envDeliveryTimeout(t), func() (bool, any) {
+			// Nothing is due before NotBefore.
+			wait.ForStall(t, "the scheduled event published on its NextDue wake-up", delay+envDeliveryTimeout(t), func() (bool, any) {
 				mu.Lock()
 				defer mu.Unlock()
 				_, ok := published[soon.ID]
 				return ok, nil
 			})
+		} else {
+			time.Sleep(delay) // a window for an early publish to show
 		}
 		stop()
 		if err := <-done; err != nil {

@@ -58,9 +58,9 @@ func TestDatabasesDroppedInABatch(t *testing.T) {
 			t.Fatalf("%s was dropped as its test ended, not kept for reuse", name)
 		}
 	}
-	time.Sleep(reuseWithin + dropDelay) // nothing is dropped before
 	for _, name := range names {
-		wait.Until(t, name+" dropped after its test ended", func() bool { return !exists(t, admin, name) })
+		// Nothing is dropped before reuseWithin + dropDelay.
+		wait.ForStall(t, name+" dropped after its test ended", reuseWithin+dropDelay+wait.Stall, func() (bool, any) { return !exists(t, admin, name), nil })
 	}
 }
 
@@ -79,8 +79,7 @@ func TestStaleDatabasesSwept(t *testing.T) {
 	d := &dropper{adminDSN: dsn} // a process that has not swept yet
 	t.Cleanup(func() { _ = d.dropAll([]string{stale, young}) })
 	d.sweep(context.Background())
-	time.Sleep(dropDelay)
-	wait.Until(t, "the stale "+stale+" swept", func() bool { return !exists(t, admin, stale) })
+	wait.ForStall(t, "the stale "+stale+" swept", dropDelay+wait.Stall, func() (bool, any) { return !exists(t, admin, stale), nil })
 	if !exists(t, admin, young) {
 		t.Errorf("the sweep dropped %s, a database of a process that may still run", young)
 	}

@@ -184,8 +184,7 @@ func TestUnresettableDatabaseDropped(t *testing.T) {
 	if err := leftovers(t.Context(), conn); !errors.Is(err, errLeftovers) || !strings.Contains(err.Error(), "connection limit") {
 		t.Errorf("leftovers = %v, want errLeftovers naming the connection limit", err)
 	}
-	time.Sleep(dropDelay)
-	wait.Until(t, queued[0]+" (the test's database, renamed) dropped", func() bool { return !exists(t, admin, queued[0]) })
+	wait.ForStall(t, queued[0]+" (the test's database, renamed) dropped", dropDelay+wait.Stall, func() (bool, any) { return !exists(t, admin, queued[0]), nil })
 }
 
 // A free database whose expiry fired while a test was taking one is not

@@ -35,9 +35,7 @@ const every = 20 * time.Millisecond
 // without failing, when t's context ends.
 func For(t testing.TB, what string, check func() (done bool, seen any)) {
 	t.Helper()
-	if err := Poll(t.Context(), what, check); err != nil && t.Context().Err() == nil {
-		t.Fatal(err)
-	}
+	ForStall(t, what, Stall, check)
 }
 
 // ForStall is For with a stall limit of its own instead of Stall: for a
