@@ -45,6 +45,11 @@ mkdir -p .services
 if [ -f /usr/include/sqlite3.h ]; then
 	export GOFLAGS="-tags=libsqlite3${GOFLAGS:+ $GOFLAGS}"
 fi
+# The modules first, with retries (scripts/retry.sh): the compile below
+# would fail on the proxy's first dropped connection.
+# shellcheck source=retry.sh
+. scripts/retry.sh
+retry go mod download
 bash -c "$(declare -f cputime); cputime build go list -race -export -test -deps ./..." >/dev/null 2>.services/build.log &
 build=$!
 if [ -n "${TXOUTBOX_SERVICES_ENV:-}" ]; then
@@ -97,21 +102,15 @@ rm -f .services/cpu.log
 export TXOUTBOX_CPU_LOG="$ROOT/.services/cpu.log"
 cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 
-# The fault matrix (internal/faultmatrix), the longest package and mostly
-# waiting, runs beside the other tests from the start, and govulncheck
-# beside both at the lowest CPU priority: the machine's two cores sit half
-# idle while tests wait on servers, sleeps and timeouts. The tests named
-# TestOutage*, which stop the RabbitMQ server, run one package at a time
-# against the second RabbitMQ node (services.sh), so that no broker another
-# test uses goes down, in whichever lane finishes first. (They once ran
-# after all the other tests, adding about 200 s to every run, then after
-# the matrix.) A test that stops a server of its own (Kafka's kfake, the
-# SNS tests' front) is not named so and runs with the others: that lane
-# ends later than the matrix's, which the outage tests then lengthen.
-# More at once was tried and failed: four matrix cells at a time, three
-# test binaries and the outage tests beside the matrix ran 19m45s instead
-# of 21, and three checks that wait for deliveries timed out on the loaded
-# machine (docs/reliability.md).
+# Three lanes run beside each other: the fault matrix
+# (internal/faultmatrix, the longest package, mostly waiting), the other
+# packages, and the tests named TestOutage*, which stop the RabbitMQ server
+# and so run one package at a time against a second RabbitMQ node
+# (services.sh) that no other test uses. A test that stops a server of its
+# own (Kafka's kfake, the SNS tests' front) is not named so and runs with
+# the others. go vet and govulncheck run beside them at the lowest CPU
+# priority. The waits of the tests judge progress, not a deadline
+# (internal/testkit/wait), so a loaded machine makes them slower, not red.
 #
 # go test starts packages in the order it is given them, two at a time: the
 # longest come first (the durations of a clean run's test.json; testreport
@@ -134,28 +133,31 @@ lanes=${TXOUTBOX_TEST_P:-3}
 parallel=${TXOUTBOX_TEST_PARALLEL:-4}
 matrix_parallel=${TXOUTBOX_MATRIX_PARALLEL:-3}
 outage=$(git grep -l '^func TestOutage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
-rm -rf .services/outage.claim
-outage_tests() {
-	# mkdir is atomic: the first lane to finish claims the outage tests.
-	mkdir .services/outage.claim 2>/dev/null || return 0
+(
 	# shellcheck disable=SC2086
 	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
 		"${gotest[@]}" -timeout "$timeout" -p 1 "${cpuexec[@]}" -json -run '^TestOutage' $outage >.services/test-outage.json 2>&1 || true
 	stage "outage tests done"
-}
+) &
+outages=$!
 (
 	"${gotest[@]}" -timeout "$timeout" -p "$lanes" -parallel "$parallel" "${cpuexec[@]}" -json -skip '^TestOutage' "${pkgs[@]}" >.services/test.json 2>&1 || true
 	stage "other tests done"
-	outage_tests
 ) &
 main=$!
 (
 	"${gotest[@]}" -timeout "$timeout" -parallel "$matrix_parallel" "${cpuexec[@]}" -json -skip '^TestOutage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
 	stage "fault matrix done"
-	outage_tests
 ) &
 faults=$!
-nice -n 19 bash -c "$(declare -f cputime); cputime vulncheck scripts/vulncheck.sh" >.services/vulncheck.log 2>&1 &
+# govulncheck's call graph costs a minute or two of CPU the tests need;
+# make test checks imports (stricter: a vulnerable package imported from a
+# module fails, called or not), make test-long what is called.
+vulnlevel=package
+if [ "${TXOUTBOX_LONG:-}" = 1 ]; then
+	vulnlevel=symbol
+fi
+nice -n 19 bash -c "$(declare -f cputime); cputime vulncheck scripts/vulncheck.sh $vulnlevel" >.services/vulncheck.log 2>&1 &
 vuln=$!
 # go vet analyses the module (and, for its facts, every dependency) at the
 # lowest priority too: it needs CPU the tests leave idle, not their time.
@@ -163,6 +165,7 @@ nice -n 19 bash -c "$(declare -f cputime); cputime vet go vet -race ./..." >.ser
 vet=$!
 wait "$main" || true
 wait "$faults" || true
+wait "$outages" || true
 # testing/sqlfixture drops the tests' PostgreSQL databases in batches a few
 # seconds after their tests end (each DROP DATABASE waits for a checkpoint,
 # which drops that wait together share); a test binary that exits first

@@ -2,8 +2,10 @@
 // and decides what fails the build: a vulnerability that the code calls in
 // a module of go.mod fails it (upgrade the module); one in the standard
 // library is reported, naming the Go release that fixes it, without failing,
-// since the Go of the machine is not the module's to choose. It prints one
-// line per vulnerability.
+// since the Go of the machine is not the module's to choose. A scan at the
+// package level (-scan package, make test's) cannot tell whether a function
+// is called, so there a vulnerable package that the code imports from a
+// module fails. It prints one line per vulnerability.
 package main
 
 import (
@@ -27,6 +29,9 @@ type finding struct {
 }
 
 type message struct {
+	Config *struct {
+		ScanLevel string `json:"scan_level"`
+	} `json:"config"`
 	Finding *finding `json:"finding"`
 }
 
@@ -41,12 +46,13 @@ func main() {
 
 type vuln struct {
 	id, module, version, fixed string
-	called                     bool
+	imported, called           bool
 }
 
 func gate(r io.Reader, w io.Writer) (int, error) {
 	dec := json.NewDecoder(r)
 	byKey := map[string]*vuln{}
+	packageLevel := false
 	for {
 		var m message
 		err := dec.Decode(&m)
@@ -55,6 +61,9 @@ func gate(r io.Reader, w io.Writer) (int, error) {
 		}
 		if err != nil {
 			return 0, fmt.Errorf("read govulncheck's output: %w", err)
+		}
+		if m.Config != nil {
+			packageLevel = m.Config.ScanLevel == "package"
 		}
 		f := m.Finding
 		if f == nil || len(f.Trace) == 0 {
@@ -67,6 +76,7 @@ func gate(r io.Reader, w io.Writer) (int, error) {
 			v = &vuln{id: f.OSV, module: t.Module, version: t.Version, fixed: f.FixedVersion}
 			byKey[key] = v
 		}
+		v.imported = v.imported || t.Package != ""
 		v.called = v.called || t.Function != ""
 	}
 	keys := make([]string, 0, len(byKey))
@@ -78,6 +88,9 @@ func gate(r io.Reader, w io.Writer) (int, error) {
 	for _, k := range keys {
 		v := byKey[k]
 		switch {
+		case packageLevel && v.imported && v.module != "stdlib":
+			failed++
+			fmt.Fprintf(w, "vulncheck: FAIL %s in %s@%s: imported (a package-level scan cannot tell whether it is called: upgrade to %s)\n", v.id, v.module, v.version, v.fixed)
 		case !v.called:
 			fmt.Fprintf(w, "vulncheck: %s in %s@%s: imported, not called (fixed in %s)\n", v.id, v.module, v.version, v.fixed)
 		case v.module == "stdlib":
