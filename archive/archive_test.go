@@ -21,7 +21,7 @@ import (
 	"github.com/txoutbox/txoutbox/archive"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/testing/sqlfixture"
 )
 

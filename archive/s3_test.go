@@ -11,7 +11,7 @@ import (
 	_ "gocloud.dev/blob/s3blob"
 
 	"github.com/txoutbox/txoutbox/archive"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // TestArchiveToS3 runs the archive against the S3-protocol server that

@@ -11,7 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/binlogrelay"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 

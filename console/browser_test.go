@@ -26,7 +26,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/ordered"
 	outboxtest "github.com/txoutbox/txoutbox/testing"

@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/logbuf"
+	"github.com/txoutbox/txoutbox/internal/testkit/logbuf"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/logbuf"
+	"github.com/txoutbox/txoutbox/internal/testkit/logbuf"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 

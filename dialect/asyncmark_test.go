@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // TestMarkPublishedAsync checks on PostgreSQL that the statement marks the

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // One holder of a named lock at a time, on PostgreSQL directly, through

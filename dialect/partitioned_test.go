@@ -13,8 +13,8 @@ import (
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 

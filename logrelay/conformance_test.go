@@ -3,7 +3,7 @@ package logrelay_test
 import (
 	"testing"
 
-	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 

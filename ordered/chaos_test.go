@@ -23,7 +23,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/internal/testkit/tier"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
@@ -554,7 +554,7 @@ func buildChaosRelay(t *testing.T) string {
 	}
 	// With -race, as the test binaries: the build shares make test's
 	// compiled packages, and the relays' races are found too.
-	cmd := exec.Command(goTool, "build", "-race", "-o", bin, "./internal/chaosrelay")
+	cmd := exec.Command(goTool, "build", "-race", "-o", bin, "github.com/txoutbox/txoutbox/internal/testkit/chaosrelay")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the relay program: %v\n%s", err, out)
 	}

@@ -3,7 +3,7 @@ package pgnotify_test
 import (
 	"testing"
 
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/pgnotify"
 )
 

@@ -13,7 +13,7 @@
 # emulator and the gofakes3 S3 server (each built from its Go module), and
 # nats-server with JetStream on disk (Debian's nats-server), and PgBouncer
 # (Debian's pgbouncer) in transaction pooling mode in front of PostgreSQL,
-# behind a gate that keeps cancel requests from it (internal/cmd/pgbouncergate).
+# behind a gate that keeps cancel requests from it (internal/testkit/cmd/pgbouncergate).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -138,7 +138,7 @@ innodb_flush_log_at_trx_commit = 1
 log-error = $dir/error.log
 # Its own temporary directory, not /tmp: a starting MariaDB deletes every
 # #sql* file in its tmpdir, and the tests start and crash MariaDB servers
-# of their own (internal/testenv) all through a run.
+# of their own (internal/testkit/testenv) all through a run.
 tmpdir = $dir
 # The binlog, as production MySQL and MariaDB keep it for replicas and
 # point-in-time recovery: log mode (binlogrelay) streams it, and table mode
@@ -251,11 +251,11 @@ start_goaws() {
 		mkdir -p "$SVC/bin"
 		(cd "$ROOT" && GOBIN="$SVC/bin" go install "github.com/Admiral-Piett/goaws/app/cmd@$version" && mv "$SVC/bin/cmd" "$bin") >&2
 	fi
-	# goaws listens one port up; internal/cmd/goawsgate serves SNS_PORT in
+	# goaws listens one port up; internal/testkit/cmd/goawsgate serves SNS_PORT in
 	# front of it and lets one request at a time through, because goaws'
 	# unlocked map reads can crash it when a Publish meets a CreateTopic.
 	local inner=$((SNS_PORT + 1))
-	(cd "$ROOT" && go build -o "$SVC/bin/goawsgate" ./internal/cmd/goawsgate) >&2
+	(cd "$ROOT" && go build -o "$SVC/bin/goawsgate" ./internal/testkit/cmd/goawsgate) >&2
 	if [ -f "$SVC/goaws.pid" ] && kill -0 "$(cat "$SVC/goaws.pid")" 2>/dev/null &&
 		[ -f "$SVC/goawsgate.pid" ] && kill -0 "$(cat "$SVC/goawsgate.pid")" 2>/dev/null; then
 		log "goaws already running on $SNS_PORT"
@@ -375,11 +375,11 @@ start_pgbouncer() {
 	# test cluster does.
 	need_pkg /usr/sbin/pgbouncer pgbouncer
 	local dir=$PG_DIR/pgbouncer
-	# PgBouncer listens one port up; internal/cmd/pgbouncergate serves
+	# PgBouncer listens one port up; internal/testkit/cmd/pgbouncergate serves
 	# PGBOUNCER_PORT in front of it and keeps cancel requests from it (see
 	# below and the gate's doc).
 	local inner=$((PGBOUNCER_PORT + 1))
-	(cd "$ROOT" && go build -o "$SVC/bin/pgbouncergate" ./internal/cmd/pgbouncergate) >&2
+	(cd "$ROOT" && go build -o "$SVC/bin/pgbouncergate" ./internal/testkit/cmd/pgbouncergate) >&2
 	if [ -f "$dir/pgbouncer.pid" ] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null &&
 		[ -f "$dir/gate.pid" ] && kill -0 "$(cat "$dir/gate.pid")" 2>/dev/null; then
 		log "pgbouncer already running on $PGBOUNCER_PORT"

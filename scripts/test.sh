@@ -95,15 +95,15 @@ fi
 # Every test binary runs under cpuexec, which logs the CPU time it and the
 # processes it ran used: on this saturated machine a package's wall time
 # says little, its CPU time says what it costs the others.
-go build -o .services/bin/cpuexec ./internal/cmd/cpuexec
+go build -o .services/bin/cpuexec ./internal/testkit/cmd/cpuexec
 # Built once, for the four reports at the end (go run links it each time).
-go build -o .services/bin/testreport ./internal/cmd/testreport
+go build -o .services/bin/testreport ./internal/testkit/cmd/testreport
 rm -f .services/cpu.log
 export TXOUTBOX_CPU_LOG="$ROOT/.services/cpu.log"
 cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 
 # Three lanes run beside each other: the fault matrix
-# (internal/faultmatrix, the longest package, mostly waiting), the other
+# (internal/testkit/faultmatrix, the longest package, mostly waiting), the other
 # packages, and the tests named TestOutage*, which stop the RabbitMQ server
 # and so run one package at a time against a second RabbitMQ node
 # (services.sh) that no other test uses. A test that stops a server of its
@@ -117,9 +117,9 @@ cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 # prints them), so that no long package starts last and runs alone. A
 # package missing from the list runs after them, in go list's order; a
 # name of the list that is no package (renamed, removed) is passed over.
-long_first=(cmd/txoutbox adapters/sqlx testing adapters/gorm bench internal/pgbouncertest adapters/pgx inbox/sqlinbox archive inbox/gorminbox logrelay)
+long_first=(cmd/txoutbox adapters/sqlx testing adapters/gorm bench internal/testkit/pgbouncertest adapters/pgx inbox/sqlinbox archive inbox/gorminbox logrelay)
 module=$(go list -m)
-all=$(go list ./... | grep -v '/internal/faultmatrix$')
+all=$(go list ./... | grep -v '/internal/testkit/faultmatrix$')
 pkgs=()
 for p in "${long_first[@]}"; do
 	if grep -qx "$module/$p" <<<"$all"; then
@@ -146,7 +146,7 @@ outages=$!
 ) &
 main=$!
 (
-	"${gotest[@]}" -timeout "$timeout" -parallel "$matrix_parallel" "${cpuexec[@]}" -json -skip '^TestOutage' ./internal/faultmatrix >.services/test-faults.json 2>&1 || true
+	"${gotest[@]}" -timeout "$timeout" -parallel "$matrix_parallel" "${cpuexec[@]}" -json -skip '^TestOutage' ./internal/testkit/faultmatrix >.services/test-faults.json 2>&1 || true
 	stage "fault matrix done"
 ) &
 faults=$!
@@ -198,7 +198,7 @@ for name in postgres mariadbd beam.smp nats-server goaws-v0.4.5 gofakes3-v1.2.0 
 	fi
 done
 if [ -f "${TXOUTBOX_PGBOUNCER_GATE_LOG:-}" ]; then
-	echo "test.sh: the shared PgBouncer's gate kept $(grep -c 'dropped a cancel request' "$TXOUTBOX_PGBOUNCER_GATE_LOG") cancel requests from it (pgbouncer#822 in 1.18, see internal/cancelgate)" >&2
+	echo "test.sh: the shared PgBouncer's gate kept $(grep -c 'dropped a cancel request' "$TXOUTBOX_PGBOUNCER_GATE_LOG") cancel requests from it (pgbouncer#822 in 1.18, see internal/testkit/cancelgate)" >&2
 fi
 if [ -s "${TXOUTBOX_PGBOUNCER_RESTARTS:-}" ]; then
 	echo "test.sh: the shared PgBouncer exited and services.sh's supervisor started it again (its gate keeps pgbouncer#822's cancel requests from it, so look at its last FATAL; see scripts/services.sh):" >&2

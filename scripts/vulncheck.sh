@@ -4,7 +4,7 @@
 # the database comes as the golang.org/x/vulndb module from the Go module
 # proxy, whose data/osv directory govulncheck reads directly. Fails on a
 # vulnerability the code calls in a module of go.mod; reports those of the
-# standard library (see internal/cmd/vulngate).
+# standard library (see internal/testkit/cmd/vulngate).
 #
 # The scan level is the first argument: symbol (the default: the call
 # graph, a minute or two of CPU) or package (imports only, a second, and
@@ -36,4 +36,4 @@ retry env GOFLAGS= GOBIN="$bin" go install "$GOVULNCHECK"
 # the build make test's go vet and go test share (and its build tags,
 # scripts/test.sh), instead of one more compilation of everything.
 GOFLAGS="-race${GOFLAGS:+ $GOFLAGS}" "$bin/govulncheck" -db "file://$dir/data/osv" -scan "$LEVEL" -format json ./... >"$out"
-GOFLAGS= go run ./internal/cmd/vulngate <"$out"
+GOFLAGS= go run ./internal/testkit/cmd/vulngate <"$out"

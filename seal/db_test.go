@@ -10,7 +10,7 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/seal"
 	"github.com/txoutbox/txoutbox/testing/sqlfixture"
 )

@@ -29,9 +29,9 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
-	"github.com/txoutbox/txoutbox/internal/gormfixtures"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/gormfixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/internal/testkit/tier"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )

@@ -7,7 +7,7 @@ import (
 
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/gormfixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/gormfixtures"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 	"github.com/txoutbox/txoutbox/testing/sqlfixture"
 )

@@ -21,7 +21,7 @@ import (
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // order is the test model. Its events carry the generated ID and

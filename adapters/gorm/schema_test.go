@@ -19,7 +19,7 @@ import (
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // pgSchema describes a table from PostgreSQL's catalog: every column with

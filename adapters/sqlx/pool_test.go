@@ -10,8 +10,8 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/logbuf"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/logbuf"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // Eight goroutines in transactions on a pool that keeps database/sql's two

@@ -13,7 +13,7 @@ import (
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 const benchBatch = 100

@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 

@@ -12,8 +12,8 @@ import (
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // tlsFront terminates TLS with a fresh self-signed certificate for

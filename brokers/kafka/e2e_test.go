@@ -6,7 +6,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 )
 
 // A broker that reads produce requests and never answers them: Publish

@@ -10,7 +10,7 @@ import (
 
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 )
 
 // TLS and SASL are sarama settings passed as Options.Sarama: against a

@@ -12,7 +12,7 @@ import (
 
 	natsbroker "github.com/txoutbox/txoutbox/brokers/nats"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 const benchBatch = 100

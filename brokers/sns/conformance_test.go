@@ -7,7 +7,7 @@ import (
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/sqstest"
+	"github.com/txoutbox/txoutbox/internal/testkit/sqstest"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 

@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
-	"github.com/txoutbox/txoutbox/internal/sqstest"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/sqstest"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 

@@ -28,7 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
-	"github.com/txoutbox/txoutbox/internal/sqstest"
+	"github.com/txoutbox/txoutbox/internal/testkit/sqstest"
 )
 
 // newSNSClient is an SNS client on endpoint with no SDK retries, so that

@@ -19,9 +19,9 @@ import (
 	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	snsbroker "github.com/txoutbox/txoutbox/brokers/sns"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/cetest"
-	"github.com/txoutbox/txoutbox/internal/sqstest"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/cetest"
+	"github.com/txoutbox/txoutbox/internal/testkit/sqstest"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // events makes n events of one type over aggs aggregates.

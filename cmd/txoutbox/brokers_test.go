@@ -22,8 +22,8 @@ import (
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	natsbroker "github.com/txoutbox/txoutbox/brokers/nats"
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/cetest"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/cetest"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/tracing"
 )
 

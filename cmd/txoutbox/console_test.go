@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/txoutbox/txoutbox/internal/logbuf"
+	"github.com/txoutbox/txoutbox/internal/testkit/logbuf"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/txoutbox/txoutbox/core"
-	"github.com/txoutbox/txoutbox/internal/logbuf"
+	"github.com/txoutbox/txoutbox/internal/testkit/logbuf"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 

@@ -19,7 +19,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/txoutbox/txoutbox/core"
 
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
 

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // The example, run: the order's event reaches RabbitMQ and the inbox on

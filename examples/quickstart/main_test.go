@@ -6,7 +6,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 func TestQuickstart(t *testing.T) {

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 	"github.com/txoutbox/txoutbox/testing/sqlfixture"
 )

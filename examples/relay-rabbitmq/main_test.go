@@ -8,7 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // The example relays its demo orders from a real PostgreSQL to the test

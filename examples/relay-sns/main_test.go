@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 )
 
 // TestRelaySNS runs the example once against PostgreSQL and goaws and reads

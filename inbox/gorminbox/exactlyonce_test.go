@@ -13,8 +13,8 @@ import (
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/dialect"
-	"github.com/txoutbox/txoutbox/internal/gormfixtures"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/gormfixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 

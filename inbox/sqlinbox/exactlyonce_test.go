@@ -9,8 +9,8 @@ import (
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
-	"github.com/txoutbox/txoutbox/internal/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 

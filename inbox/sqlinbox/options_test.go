@@ -8,7 +8,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 )
 
 func TestNewOptions(t *testing.T) {

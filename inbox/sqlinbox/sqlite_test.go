@@ -12,7 +12,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
-	"github.com/txoutbox/txoutbox/internal/fixtures"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 )
 
 // TestSQLiteBeginImmediateWithoutBusyTimeout covers the DSN that takes the
