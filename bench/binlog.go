@@ -16,6 +16,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/mysqldsn"
+	"github.com/txoutbox/txoutbox/logmode"
 )
 
 // Tables of the MySQL log-mode and wake-up rows.
@@ -171,7 +172,7 @@ func (b *bench) binlogRows(ctx context.Context, m *mysqlBench) ([]row, error) {
 		if err != nil {
 			return nil, err
 		}
-		r, err := binlogrelay.New(relayStore, pub, binlogrelay.Options{DSN: dsn, Names: latNames, Relay: core.RelayOptions{Logger: b.quiet}})
+		r, err := binlogrelay.New(relayStore, pub, binlogrelay.Options{DSN: dsn, Names: latNames, Options: logmode.Options{Relay: core.RelayOptions{Logger: b.quiet}}})
 		if err != nil {
 			return nil, err
 		}
@@ -251,8 +252,7 @@ func binlogStart(ctx context.Context, db *sql.DB, names binlogrelay.Names) (binl
 // binlogDrainRate runs a log relay on names until it published n events.
 func (b *bench) binlogDrainRate(ctx context.Context, store *sqlxoutbox.Outbox, dsn string, names binlogrelay.Names, n int, confirmInterval time.Duration) (float64, error) {
 	pub := &memPublisher{}
-	r, err := binlogrelay.New(store, pub, binlogrelay.Options{DSN: dsn, Names: names, ConfirmInterval: confirmInterval,
-		Relay: core.RelayOptions{BatchSize: 500, Logger: b.quiet}})
+	r, err := binlogrelay.New(store, pub, binlogrelay.Options{DSN: dsn, Names: names, ConfirmInterval: confirmInterval, Options: logmode.Options{Relay: core.RelayOptions{BatchSize: 500, Logger: b.quiet}}})
 	if err != nil {
 		return 0, err
 	}

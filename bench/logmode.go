@@ -17,6 +17,7 @@ import (
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/logmode"
 	"github.com/txoutbox/txoutbox/logrelay"
 )
 
@@ -268,8 +269,7 @@ func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, f
 		return d, err
 	}
 	pub := &memPublisher{}
-	r, err := logrelay.New(store, pub, logrelay.Options{ConnString: b.dsn, Names: names, ConfirmInterval: confirmInterval,
-		Relay: core.RelayOptions{BatchSize: backlogBatchSize, Logger: b.quiet}})
+	r, err := logrelay.New(store, pub, logrelay.Options{ConnString: b.dsn, Names: names, ConfirmInterval: confirmInterval, Options: logmode.Options{Relay: core.RelayOptions{BatchSize: backlogBatchSize, Logger: b.quiet}}})
 	if err != nil {
 		return d, err
 	}
@@ -409,7 +409,7 @@ func (b *bench) logLatency(ctx context.Context, names logrelay.Names) (latencies
 	if debug {
 		relayLog = b.log
 	}
-	r, err := logrelay.New(box, published, logrelay.Options{ConnString: b.dsn, Names: names, Relay: core.RelayOptions{Logger: relayLog}})
+	r, err := logrelay.New(box, published, logrelay.Options{ConnString: b.dsn, Names: names, Options: logmode.Options{Relay: core.RelayOptions{Logger: relayLog}}})
 	if err != nil {
 		return latencies{}, err
 	}
@@ -522,7 +522,7 @@ func (b *bench) logProducerRun(ctx context.Context, names logrelay.Names, relay 
 	if !relay {
 		return b.produce(ctx, d, func(ctx context.Context, i int) error { return b.produceOrder(ctx, b.db, box, prodLog, i) })
 	}
-	r, err := logrelay.New(box, &memPublisher{}, logrelay.Options{ConnString: b.dsn, Names: names, Relay: core.RelayOptions{Logger: b.quiet}})
+	r, err := logrelay.New(box, &memPublisher{}, logrelay.Options{ConnString: b.dsn, Names: names, Options: logmode.Options{Relay: core.RelayOptions{Logger: b.quiet}}})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/txoutbox/txoutbox/binlogrelay"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
+	"github.com/txoutbox/txoutbox/logmode"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -39,7 +40,7 @@ func enqueue(t *testing.T, l *fixtures.BinLog, evs []core.Event, per int) {
 	}
 }
 
-func newRelay(t *testing.T, l *fixtures.BinLog, pub core.Publisher, opts binlogrelay.Options) *binlogrelay.Relay {
+func newRelay(t *testing.T, l *fixtures.BinLog, pub core.Publisher, opts binlogrelay.Options) *logmode.Relay {
 	t.Helper()
 	if opts.Relay.Logger == nil {
 		opts.Relay.Logger = quiet
@@ -53,7 +54,7 @@ func newRelay(t *testing.T, l *fixtures.BinLog, pub core.Publisher, opts binlogr
 
 // run runs r until the test ends (or stop is called) and returns stop,
 // which waits for Run to return and reports its error.
-func run(t *testing.T, r *binlogrelay.Relay) (stop func() error) {
+func run(t *testing.T, r *logmode.Relay) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -26,7 +26,7 @@ import (
 const serverTimeout = 10 * time.Second
 
 // session streams once: from taking the stream's lock to the first error.
-func (r *Relay) session(ctx context.Context, started func()) error {
+func (r *source) session(ctx context.Context, started func()) error {
 	lock, err := r.db.Conn(ctx)
 	if err != nil {
 		return err
@@ -193,7 +193,7 @@ func splitHostPort(addr string) (string, uint16, error) {
 
 // columns reads the outbox table's columns in their order, for a binlog
 // without column names (binlog_row_metadata MINIMAL).
-func (r *Relay) columns(ctx context.Context, q interface {
+func (r *source) columns(ctx context.Context, q interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }) ([]string, error) {
 	rows, err := q.QueryContext(ctx, "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "+schemaExpr(r.names)+
@@ -259,7 +259,7 @@ func (p *positions) position(ord uint64) Position {
 
 // reader decodes the binlog into items: one per committed transaction.
 type reader struct {
-	r        *Relay
+	r        *source
 	database string
 	cols     []string
 	pos      *positions
@@ -438,7 +438,7 @@ func (rd *reader) eventTime(end uint64, pop bool) time.Time {
 // that holds the stream's lock: a relay that lost its lock (its session
 // ended on the server) can store nothing.
 type confirmer struct {
-	r        *Relay
+	r        *source
 	rd       *reader
 	lock     *sql.Conn
 	lname    string

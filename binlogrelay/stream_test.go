@@ -13,6 +13,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
+	"github.com/txoutbox/txoutbox/logmode"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -210,11 +211,11 @@ func TestOrderedFailureHoldsItsAggregate(t *testing.T) {
 	l := fixtures.NewBinLog(t, "", fixtures.Options{SkipInbox: true})
 	rec := outboxtest.NewRecorder()
 	pub := &flaky{inner: rec, down: map[string]bool{"agg-0": true}}
-	r := newRelay(t, l, pub, binlogrelay.Options{HoldOnBrokerDown: -1, Relay: core.RelayOptions{
+	r := newRelay(t, l, pub, binlogrelay.Options{Options: logmode.Options{HoldOnBrokerDown: -1, Relay: core.RelayOptions{
 		Ordering:     core.OrderingOn,
 		PollInterval: 50 * time.Millisecond,
 		Retry:        core.RetryPolicy{InitialBackoff: 700 * time.Millisecond, MaxBackoff: 700 * time.Millisecond, MaxAttempts: 1000},
-	}})
+	}}})
 	run(t, r)
 	evs := events(t, 300, 4) // agg-0 is every fourth
 	enqueue(t, l, evs[:100], 5)
@@ -272,7 +273,7 @@ func TestEveryWritePath(t *testing.T) {
 	t.Parallel()
 	l := fixtures.NewBinLog(t, "", fixtures.Options{SkipInbox: true})
 	rec := outboxtest.NewRecorder()
-	r := newRelay(t, l, rec, binlogrelay.Options{Relay: core.RelayOptions{PollInterval: 50 * time.Millisecond}})
+	r := newRelay(t, l, rec, binlogrelay.Options{Options: logmode.Options{Relay: core.RelayOptions{PollInterval: 50 * time.Millisecond}}})
 	run(t, r)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -405,10 +406,10 @@ func TestPurgedBinlogRecover(t *testing.T) {
 		t.Fatalf("status after the purge: %+v", st)
 	}
 	rec := outboxtest.NewRecorder()
-	r := newRelay(t, l, rec, binlogrelay.Options{Relay: core.RelayOptions{PollInterval: 50 * time.Millisecond}})
+	r := newRelay(t, l, rec, binlogrelay.Options{Options: logmode.Options{Relay: core.RelayOptions{PollInterval: 50 * time.Millisecond}}})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if err := r.Run(ctx); !errors.Is(err, binlogrelay.ErrBinlogPurged) || !r.BinlogPurged() {
+	if err := r.Run(ctx); !errors.Is(err, binlogrelay.ErrBinlogPurged) || !binlogrelay.BinlogPurged(r) {
 		t.Fatalf("Run after the purge: %v, want ErrBinlogPurged", err)
 	}
 	if rec.Distinct() != 0 {
@@ -419,7 +420,7 @@ func TestPurgedBinlogRecover(t *testing.T) {
 		t.Fatalf("Recover handed %d rows, %v; want %d", n, err, len(evs))
 	}
 	more := events(t, 20, 5)
-	run(t, newRelay(t, l, rec, binlogrelay.Options{Relay: core.RelayOptions{PollInterval: 50 * time.Millisecond}}))
+	run(t, newRelay(t, l, rec, binlogrelay.Options{Options: logmode.Options{Relay: core.RelayOptions{PollInterval: 50 * time.Millisecond}}}))
 	enqueue(t, l, more, 5)
 	if err := rec.WaitDistinct(ctx, len(evs)+len(more)); err != nil {
 		t.Fatal(err)
@@ -458,7 +459,7 @@ func TestShortBrokerOutageIsHeldNotTabled(t *testing.T) {
 		}
 		return rec.Publish(ctx, evs)
 	})
-	r := newRelay(t, l, pub, binlogrelay.Options{HoldOnBrokerDown: 10 * time.Second})
+	r := newRelay(t, l, pub, binlogrelay.Options{Options: logmode.Options{HoldOnBrokerDown: 10 * time.Second}})
 	run(t, r)
 	evs := events(t, 100, 5)
 	enqueue(t, l, evs, 10)

@@ -11,6 +11,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
+	"github.com/txoutbox/txoutbox/logmode"
 	"github.com/txoutbox/txoutbox/logrelay"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -89,7 +90,7 @@ func TestInvalidatedSlotIsSaidPlainly(t *testing.T) {
 			t.Fatalf("the server never invalidated the slot: %+v", st)
 		}
 	}
-	r, err := logrelay.New(box, outboxtest.NewRecorder(), logrelay.Options{ConnString: dsn, Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	r, err := logrelay.New(box, outboxtest.NewRecorder(), logrelay.Options{ConnString: dsn, Names: names, Options: logmode.Options{Relay: core.RelayOptions{Logger: quiet}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testkit/logbuf"
 	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
+	"github.com/txoutbox/txoutbox/logmode"
 	"github.com/txoutbox/txoutbox/logrelay"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
@@ -52,7 +53,7 @@ func enqueue(t *testing.T, l *fixtures.Log, evs []core.Event, per int) {
 
 // run runs r until the test ends (or stop is called) and returns stop,
 // which waits for Run to return and reports its error.
-func run(t *testing.T, r *logrelay.Relay) (stop func() error) {
+func run(t *testing.T, r *logmode.Relay) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -70,7 +71,7 @@ func run(t *testing.T, r *logrelay.Relay) (stop func() error) {
 	return stop
 }
 
-func newRelay(t *testing.T, l *fixtures.Log, pub core.Publisher, opts core.RelayOptions) *logrelay.Relay {
+func newRelay(t *testing.T, l *fixtures.Log, pub core.Publisher, opts core.RelayOptions) *logmode.Relay {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quiet
@@ -84,12 +85,12 @@ func newRelay(t *testing.T, l *fixtures.Log, pub core.Publisher, opts core.Relay
 
 // newFailingRelay is newRelay for the tests of the table's retry path: a
 // batch the broker refuses whole goes to the table at once.
-func newFailingRelay(t *testing.T, l *fixtures.Log, pub core.Publisher, opts core.RelayOptions) *logrelay.Relay {
+func newFailingRelay(t *testing.T, l *fixtures.Log, pub core.Publisher, opts core.RelayOptions) *logmode.Relay {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quiet
 	}
-	r, err := logrelay.New(l.Box, pub, logrelay.Options{ConnString: l.DSN, Names: l.Names, Relay: opts, HoldOnBrokerDown: -1})
+	r, err := logrelay.New(l.Box, pub, logrelay.Options{ConnString: l.DSN, Names: l.Names, Options: logmode.Options{Relay: opts, HoldOnBrokerDown: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,8 +209,7 @@ func TestStopDuringAnAcceptedPublish(t *testing.T) {
 	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
 	relay := func(confirm time.Duration) func(core.Publisher) fixtures.Runner {
 		return func(pub core.Publisher) fixtures.Runner {
-			r, err := logrelay.New(l.Box, pub, logrelay.Options{ConnString: l.DSN, Names: l.Names,
-				Relay: core.RelayOptions{Logger: quiet}, ConfirmInterval: confirm})
+			r, err := logrelay.New(l.Box, pub, logrelay.Options{ConnString: l.DSN, Names: l.Names, ConfirmInterval: confirm, Options: logmode.Options{Relay: core.RelayOptions{Logger: quiet}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -519,7 +519,7 @@ func TestServerCrashSendsNothingConfirmedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := outboxtest.NewRecorder()
-	r, err := logrelay.New(s.Box, rec, logrelay.Options{ConnString: dsn, Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	r, err := logrelay.New(s.Box, rec, logrelay.Options{ConnString: dsn, Names: names, Options: logmode.Options{Relay: core.RelayOptions{Logger: quiet}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -568,7 +568,7 @@ func TestServerCrashSendsNothingConfirmedAgain(t *testing.T) {
 	}
 	t.Logf("the slot's confirmed position: %s before the crash, %s after", slot, after)
 	again := outboxtest.NewRecorder()
-	r2, err := logrelay.New(s.Box, again, logrelay.Options{ConnString: dsn, Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	r2, err := logrelay.New(s.Box, again, logrelay.Options{ConnString: dsn, Names: names, Options: logmode.Options{Relay: core.RelayOptions{Logger: quiet}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -614,7 +614,7 @@ func TestBehindPgBouncer(t *testing.T) {
 	for range 20 {
 		var log logbuf.Buffer
 		viaPooler, err := logrelay.New(s.Box, core.PublisherFunc(func(context.Context, []core.Event) error { return nil }),
-			logrelay.Options{ConnString: bouncer, Names: names, Relay: core.RelayOptions{Logger: slog.New(slog.NewTextHandler(&log, nil))}})
+			logrelay.Options{ConnString: bouncer, Names: names, Options: logmode.Options{Relay: core.RelayOptions{Logger: slog.New(slog.NewTextHandler(&log, nil))}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -643,7 +643,7 @@ func TestBehindPgBouncer(t *testing.T) {
 	q.Set("pool_max_conns", "3")
 	u.RawQuery = q.Encode()
 	rec := outboxtest.NewRecorder()
-	r, err := logrelay.New(s.Box, rec, logrelay.Options{ConnString: u.String(), Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	r, err := logrelay.New(s.Box, rec, logrelay.Options{ConnString: u.String(), Names: names, Options: logmode.Options{Relay: core.RelayOptions{Logger: quiet}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -698,7 +698,7 @@ func TestSetupWithoutSuperuser(t *testing.T) {
 		t.Fatalf("Setup as a non-superuser with REPLICATION that owns the table: %v", err)
 	}
 	rec := outboxtest.NewRecorder()
-	r, err := logrelay.New(s.Box, rec, logrelay.Options{ConnString: dsn, Names: names, Relay: core.RelayOptions{Logger: quiet}})
+	r, err := logrelay.New(s.Box, rec, logrelay.Options{ConnString: dsn, Names: names, Options: logmode.Options{Relay: core.RelayOptions{Logger: quiet}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -810,8 +810,7 @@ func TestConfirmInterval(t *testing.T) {
 			t.Parallel()
 			l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
 			rec := outboxtest.NewRecorder()
-			r, err := logrelay.New(l.Box, rec, logrelay.Options{ConnString: l.DSN, Names: l.Names,
-				Relay: core.RelayOptions{Logger: quiet}, ConfirmInterval: tc.interval})
+			r, err := logrelay.New(l.Box, rec, logrelay.Options{ConnString: l.DSN, Names: l.Names, ConfirmInterval: tc.interval, Options: logmode.Options{Relay: core.RelayOptions{Logger: quiet}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -865,8 +864,7 @@ func TestHeldPublisherKeepsTheStream(t *testing.T) {
 	t.Parallel()
 	l := fixtures.NewLog(t, fixtures.Options{SkipInbox: true})
 	pub := &held{Recorder: outboxtest.NewRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
-	r, err := logrelay.New(l.Box, pub, logrelay.Options{ConnString: l.DSN, Names: l.Names,
-		Relay: core.RelayOptions{Logger: quiet}, ServerTimeout: time.Second})
+	r, err := logrelay.New(l.Box, pub, logrelay.Options{ConnString: l.DSN, Names: l.Names, ServerTimeout: time.Second, Options: logmode.Options{Relay: core.RelayOptions{Logger: quiet}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func refusedByPooler(err error) bool {
 }
 
 // session streams once: from connecting to the first error.
-func (r *Relay) session(ctx context.Context, started func()) error {
+func (r *source) session(ctx context.Context, started func()) error {
 	var start pglogrepl.LSN
 	var walStatus string
 	err := r.pool.QueryRow(ctx, "SELECT confirmed_flush_lsn::text, coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", r.names.slot).
@@ -135,7 +135,7 @@ func (r *Relay) session(ctx context.Context, started func()) error {
 
 // receive reads the stream, decodes the outbox's messages into items, and
 // reports the confirmed position to the server.
-func (r *Relay) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- logstream.Item) error {
+func (r *source) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- logstream.Item) error {
 	var (
 		cur        *logstream.Item // the transaction being read
 		sent       = r.stream.Confirmed()
@@ -341,7 +341,7 @@ func decodeEvent(b []byte) (core.Event, error) {
 const recordEvery = time.Second
 
 // recorded is the position the relays recorded for the slot, or 0.
-func (r *Relay) recorded(ctx context.Context) pglogrepl.LSN {
+func (r *source) recorded(ctx context.Context) pglogrepl.LSN {
 	var s string
 	if err := r.pool.QueryRow(ctx, "SELECT lsn::text FROM "+r.names.positions+" WHERE slot = $1", r.names.slot).Scan(&s); err != nil {
 		return 0 // none yet, or a setup older than the table
@@ -355,7 +355,7 @@ func (r *Relay) recorded(ctx context.Context) pglogrepl.LSN {
 
 // record records the confirmed position every recordEvery while it moves,
 // until ctx ends.
-func (r *Relay) record(ctx context.Context, from uint64) {
+func (r *source) record(ctx context.Context, from uint64) {
 	t := time.NewTicker(recordEvery)
 	defer t.Stop()
 	last := from
@@ -373,7 +373,7 @@ func (r *Relay) record(ctx context.Context, from uint64) {
 
 // storeRecorded records pos; a failure (the database down, a setup older
 // than the table) only means a longer resend after a crash.
-func (r *Relay) storeRecorded(ctx context.Context, pos uint64) bool {
+func (r *source) storeRecorded(ctx context.Context, pos uint64) bool {
 	_, err := r.pool.Exec(ctx, "INSERT INTO "+r.names.positions+" (slot, lsn, updated_at) VALUES ($1, $2::text::pg_lsn, now())"+
 		" ON CONFLICT (slot) DO UPDATE SET lsn = greatest("+r.names.positions+".lsn, EXCLUDED.lsn), updated_at = now()",
 		r.names.slot, pglogrepl.LSN(pos).String())

@@ -17,6 +17,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/binlogrelay"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/logmode"
 	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/ordered"
 )
@@ -74,7 +75,7 @@ func boolGauge(v bool) float64 {
 
 // streamMetrics are the metrics both log modes have, with one help text
 // each: a relay group may run outboxes of both in one registry.
-func streamMetrics(streaming func() bool, counters func() logrelay.Counters) []prometheus.Collector {
+func streamMetrics(streaming func() bool, counters func() logmode.Counters) []prometheus.Collector {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "txoutbox", Subsystem: "log", Name: name, Help: help}, f)
 	}
@@ -90,18 +91,19 @@ func streamMetrics(streaming func() bool, counters func() logrelay.Counters) []p
 
 // registerLogMetrics exports log mode's stream and slot: whether this
 // process streams, what the slot retains, and the stream's totals.
-func registerLogMetrics(reg prometheus.Registerer, r *logrelay.Relay) {
+func registerLogMetrics(reg prometheus.Registerer, r *logmode.Relay) {
+	slot := func() logrelay.SlotStatus { st, _ := logrelay.LastSlotStatus(r); return st }
 	reg.MustRegister(streamMetrics(r.Streaming, r.Counters)...)
 	reg.MustRegister(
 		logGauge("retained_wal_bytes", "WAL the slot keeps the server from removing (at the latest stats check).",
-			func() float64 { return float64(r.LastSlotStatus().RetainedBytes) }),
+			func() float64 { return float64(slot().RetainedBytes) }),
 		logGauge("unconfirmed_wal_bytes", "WAL written since the slot's confirmed position (at the latest stats check).",
-			func() float64 { return float64(r.LastSlotStatus().UnconfirmedBytes) }),
+			func() float64 { return float64(slot().UnconfirmedBytes) }),
 		logGauge("slot_invalidated", "1 when the server invalidated the slot (wal_status lost): events may be missing.",
-			func() float64 { return boolGauge(r.LastSlotStatus().Invalidated) }),
+			func() float64 { return boolGauge(slot().Invalidated) }),
 		logGauge("confirmed_lag_seconds", "How long ago the WAL at the slot's confirmed position was written, as the streaming walsender measures it; -1 when no relay streams (at the latest stats check).",
 			func() float64 {
-				st := r.LastSlotStatus()
+				st := slot()
 				if st.ConfirmedAge < 0 {
 					return -1
 				}
@@ -113,16 +115,17 @@ func registerLogMetrics(reg prometheus.Registerer, r *logrelay.Relay) {
 // registerBinlogMetrics exports log mode's stream on MySQL and MariaDB:
 // whether this process streams, how far the stored position is behind the
 // server's binlog, whether its file was purged, and the stream's totals.
-func registerBinlogMetrics(reg prometheus.Registerer, r *binlogrelay.Relay) {
-	reg.MustRegister(streamMetrics(r.Streaming, func() logrelay.Counters { return logrelay.Counters(r.Counters()) })...)
+func registerBinlogMetrics(reg prometheus.Registerer, r *logmode.Relay) {
+	status := func() binlogrelay.Status { st, _ := binlogrelay.LastStatus(r); return st }
+	reg.MustRegister(streamMetrics(r.Streaming, r.Counters)...)
 	reg.MustRegister(
 		logGauge("behind_binlog_bytes", "Binlog written since the stream's stored position (at the latest stats check).",
-			func() float64 { return float64(r.LastStatus().BehindBytes) }),
+			func() float64 { return float64(status().BehindBytes) }),
 		logGauge("position_lag_seconds", "How long the stream has stored no position while the binlog has more than its own writes after it (at the latest stats check).",
-			func() float64 { return r.LastStatus().Lag.Seconds() }),
+			func() float64 { return status().Lag.Seconds() }),
 		logGauge("binlog_purged", "1 when the server purged the binlog file of the stream's position: run txoutbox log recover.",
 			func() float64 {
-				return boolGauge(r.BinlogPurged() || (r.LastStatus().Exists && !r.LastStatus().FilesHeld))
+				return boolGauge(binlogrelay.BinlogPurged(r) || (status().Exists && !status().FilesHeld))
 			}),
 	)
 }

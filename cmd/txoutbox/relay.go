@@ -18,6 +18,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/mysqldsn"
+	"github.com/txoutbox/txoutbox/logmode"
 	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/metrics"
 	"github.com/txoutbox/txoutbox/ordered"
@@ -613,8 +614,7 @@ type logRelay struct {
 // registers its metrics on reg.
 func newLogRelay(dsn string, d dialect.Dialect, n logrelayNames, store core.Store, out core.Publisher, ropts core.RelayOptions,
 	reg prometheus.Registerer, log *slog.Logger) (*logRelay, error) {
-	// The two relays count alike (binlogrelay.Counters converts).
-	stopped := func(counters func() logrelay.Counters) func(time.Duration) {
+	stopped := func(counters func() logmode.Counters) func(time.Duration) {
 		return func(uptime time.Duration) {
 			c := counters()
 			log.Info("txoutbox: log relay stopped", "published", c.Published, "failed", c.Failed, "held", c.Held,
@@ -624,8 +624,9 @@ func newLogRelay(dsn string, d dialect.Dialect, n logrelayNames, store core.Stor
 	switch d {
 	case dialect.Postgres:
 		r, err := logrelay.New(store, out, logrelay.Options{
-			ConnString: dsn, Relay: ropts,
-			Names: logrelay.Names{Table: n.table, Slot: n.slot, Publication: n.publication},
+			ConnString: dsn,
+			Names:      logrelay.Names{Table: n.table, Slot: n.slot, Publication: n.publication},
+			Options:    logmode.Options{Relay: ropts},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
@@ -638,13 +639,14 @@ func newLogRelay(dsn string, d dialect.Dialect, n logrelayNames, store core.Stor
 			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
 		}
 		r, err := binlogrelay.New(store, out, binlogrelay.Options{
-			DSN: driverDSN, Relay: ropts, Names: binlogrelay.Names{Table: n.table, Name: n.stream},
+			DSN: driverDSN, Names: binlogrelay.Names{Table: n.table, Name: n.stream},
+			Options: logmode.Options{Relay: ropts},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
 		}
 		registerBinlogMetrics(reg, r)
-		return &logRelay{table: r.Table(), stats: r, runner: r, stopped: stopped(func() logrelay.Counters { return logrelay.Counters(r.Counters()) })}, nil
+		return &logRelay{table: r.Table(), stats: r, runner: r, stopped: stopped(r.Counters)}, nil
 	}
 	return nil, usagef("--mode log needs PostgreSQL (logical replication) or MySQL/MariaDB (the binlog); %s has neither", d.Name())
 }

@@ -28,6 +28,7 @@ import (
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
+	"github.com/txoutbox/txoutbox/logmode"
 	"github.com/txoutbox/txoutbox/logrelay"
 	"github.com/txoutbox/txoutbox/ordered"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -144,8 +145,9 @@ func run() error {
 		ropts.Logger = log // the stream logs its state changes once each
 		slot := env("CHAOS_SLOT")
 		lr, err := logrelay.New(store, faulty, logrelay.Options{
-			ConnString: env("CHAOS_DSN"), Relay: ropts,
-			Names: logrelay.Names{Slot: slot, Publication: slot},
+			ConnString: env("CHAOS_DSN"),
+			Names:      logrelay.Names{Slot: slot, Publication: slot},
+			Options:    logmode.Options{Relay: ropts},
 		})
 		if err != nil {
 			return err
