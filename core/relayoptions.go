@@ -10,9 +10,9 @@ import (
 // (--batch-size 2000000000 would allocate for two billion events), refused
 // with an error wrapping ErrInvalidOptions.
 const (
-	MaxBatchSize      = 10_000
-	MaxConcurrency    = 256
-	MaxErrorLengthMax = 64 << 10
+	MaxBatchSize     = 10_000
+	MaxConcurrency   = 256
+	ErrorLengthLimit = 64 << 10
 )
 
 // RelayOptions configures a Relay. Zero fields take their defaults.
@@ -61,7 +61,7 @@ type RelayOptions struct {
 	// disables it.
 	PublishTimeout time.Duration
 	// MaxErrorLength bounds the stored LastError. Default 2000 bytes, at
-	// most MaxErrorLengthMax.
+	// most ErrorLengthLimit.
 	MaxErrorLength int
 	// Logger receives the relay's structured logs. Default slog.Default().
 	Logger *slog.Logger
@@ -84,8 +84,8 @@ func (o RelayOptions) withDefaults() (RelayOptions, error) {
 	if o.Concurrency > MaxConcurrency {
 		return o, fmt.Errorf("%w: Concurrency %d is above the limit of %d", ErrInvalidOptions, o.Concurrency, MaxConcurrency)
 	}
-	if o.MaxErrorLength > MaxErrorLengthMax {
-		return o, fmt.Errorf("%w: MaxErrorLength %d is above the limit of %d", ErrInvalidOptions, o.MaxErrorLength, MaxErrorLengthMax)
+	if o.MaxErrorLength > ErrorLengthLimit {
+		return o, fmt.Errorf("%w: MaxErrorLength %d is above the limit of %d", ErrInvalidOptions, o.MaxErrorLength, ErrorLengthLimit)
 	}
 	if err := o.Retry.validate(); err != nil {
 		return o, err

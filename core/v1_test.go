@@ -188,7 +188,7 @@ func TestRelayOptionsBounds(t *testing.T) {
 	for name, o := range map[string]core.RelayOptions{
 		"batch size over the limit":  {BatchSize: core.MaxBatchSize + 1},
 		"concurrency over the limit": {Concurrency: core.MaxConcurrency + 1},
-		"error length over":          {MaxErrorLength: core.MaxErrorLengthMax + 1},
+		"error length over":          {MaxErrorLength: core.ErrorLengthLimit + 1},
 		"negative initial backoff":   {Retry: core.RetryPolicy{InitialBackoff: -time.Second}},
 		"negative max backoff":       {Retry: core.RetryPolicy{MaxBackoff: -time.Second}},
 		"negative attempts":          {Retry: core.RetryPolicy{MaxAttempts: -1}},
