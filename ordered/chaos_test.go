@@ -526,7 +526,7 @@ const chaosFailoverBound = chaosLeaseTTL + chaosLeaseTTL/3 + 3*time.Second
 
 // logFailoverBound is the longest log mode's slot may go unstreamed after
 // its relay was killed: the server notices the closed connection at once,
-// a standby retries every second (logrelay.Options.StandbyInterval), plus
+// a standby retries every second (logmode.Options.StandbyInterval), plus
 // slack for a loaded 2-core CI machine.
 const logFailoverBound = 5 * time.Second
 

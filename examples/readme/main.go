@@ -68,7 +68,6 @@ func run(ctx context.Context, dsn, amqpURL, consumer string) (result, error) {
 	defer cancel()
 	var res result
 
-	// README: sqlx
 	db, err := sqlx.Open("pgx", dsn)
 	if err != nil {
 		return res, err
@@ -82,15 +81,17 @@ func run(ctx context.Context, dsn, amqpURL, consumer string) (result, error) {
 	if err := dialect.Migrate(ctx, db.DB, dialect.Postgres, dialect.MigrateOptions{}); err != nil {
 		return res, err
 	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (id BIGSERIAL PRIMARY KEY, buyer_id TEXT, total BIGINT)`); err != nil {
+		return res, err
+	}
+
+	// README: sqlx
 	outbox, err := sqlxoutbox.New(db, sqlxoutbox.Options{})
 	if err != nil {
 		return res, err
 	}
-
 	// The relay, here in the same process (or its own: txoutbox relay).
-	// Built on the outbox, it is woken by the outbox's commits. The
-	// publisher declares the consumer's queue, so that no event is
-	// unroutable before the consumer first subscribes.
+	// The publisher declares the consumer's queue before it subscribes.
 	publisher, err := amqpbroker.NewPublisher(amqpbroker.Options{URL: amqpURL, Consumers: []string{consumer}})
 	if err != nil {
 		return res, err
@@ -100,12 +101,9 @@ func run(ctx context.Context, dsn, amqpURL, consumer string) (result, error) {
 	if err != nil {
 		return res, err
 	}
-	go relay.Run(ctx)
+	go relay.Run(ctx) // woken by the outbox's commits
 
 	// An order and its event, in one transaction.
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (id BIGSERIAL PRIMARY KEY, buyer_id TEXT, total BIGINT)`); err != nil {
-		return res, err
-	}
 	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		return res, err

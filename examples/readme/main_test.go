@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
@@ -65,8 +67,28 @@ func dedent(lines []string) string {
 
 var snippetRE = regexp.MustCompile("(?s)<!-- snippet: ([a-z-]+) -->\n```go\n(.*?)\n```")
 
-// The README shows the code of this program exactly: a snippet edited in
-// one place and not the other fails here.
+// pages are the README and the guide under docs/, which show the
+// examples' regions.
+func pages(t *testing.T) map[string]string {
+	t.Helper()
+	files, err := filepath.Glob("../../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, f := range append([]string{"../../README.md"}, files...) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[strings.TrimPrefix(f, "../../")] = string(b)
+	}
+	return out
+}
+
+// The README and the docs show the code of these programs exactly: a
+// snippet edited in one place and not the other fails here, and so does a
+// region that no page shows.
 func TestREADMEShowsThisCode(t *testing.T) {
 	t.Parallel()
 	code := snippets(t, "main.go")
@@ -75,26 +97,90 @@ func TestREADMEShowsThisCode(t *testing.T) {
 			code[name] = text
 		}
 	}
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
 	shown := map[string]bool{}
-	for _, m := range snippetRE.FindAllStringSubmatch(string(readme), -1) {
-		name, block := m[1], m[2]
-		shown[name] = true
-		want, ok := code[name]
-		if !ok {
-			t.Errorf("README snippet %q has no region in examples/readme, examples/pgx-orders or the examples of logrelay, binlogrelay, console and brokers/nats", name)
-			continue
-		}
-		if block != want {
-			t.Errorf("README snippet %q differs from its region in the examples:\n--- README\n%s\n--- code\n%s", name, block, want)
+	for page, text := range pages(t) {
+		for _, m := range snippetRE.FindAllStringSubmatch(text, -1) {
+			name, block := m[1], m[2]
+			shown[name] = true
+			want, ok := code[name]
+			if !ok {
+				t.Errorf("%s: snippet %q has no region in examples/readme, examples/pgx-orders or the examples of logrelay, binlogrelay, console, brokers/nats and adapters/memory", page, name)
+				continue
+			}
+			if block != want {
+				t.Errorf("%s: snippet %q differs from its region in the examples:\n--- page\n%s\n--- code\n%s", page, name, block, want)
+			}
 		}
 	}
 	for name := range code {
 		if !shown[name] {
-			t.Errorf("region %q of the examples is not in the README", name)
+			t.Errorf("region %q of the examples is on no page (README.md, docs/)", name)
+		}
+	}
+}
+
+var (
+	linkRE    = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	headingRE = regexp.MustCompile(`(?m)^#{1,6} (.+)$`)
+)
+
+// anchor is the fragment the usual Markdown renderers give a heading: lower case, spaces to
+// dashes, punctuation other than dashes and underscores dropped.
+func anchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// Every relative link of the README and the docs reaches a file of the
+// repository, and its #fragment a heading of that file.
+func TestPagesLinksResolve(t *testing.T) {
+	t.Parallel()
+	all := pages(t)
+	for page, text := range all {
+		for _, m := range linkRE.FindAllStringSubmatch(text, -1) {
+			link := m[1]
+			if strings.Contains(link, "://") || strings.HasPrefix(link, "mailto:") {
+				continue
+			}
+			target, frag, _ := strings.Cut(link, "#")
+			file := page
+			if target != "" {
+				file = filepath.ToSlash(filepath.Clean(filepath.Join(filepath.Dir(page), target)))
+				if _, err := os.Stat(filepath.Join("../..", file)); err != nil {
+					t.Errorf("%s: link %s: %s does not exist", page, link, file)
+					continue
+				}
+			}
+			if frag == "" || !strings.HasSuffix(file, ".md") {
+				continue
+			}
+			body, ok := all[file]
+			if !ok {
+				b, err := os.ReadFile(filepath.Join("../..", file))
+				if err != nil {
+					t.Errorf("%s: link %s: %v", page, link, err)
+					continue
+				}
+				body = string(b)
+			}
+			found := false
+			for _, h := range headingRE.FindAllStringSubmatch(body, -1) {
+				if anchor(h[1]) == frag {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Errorf("%s: link %s: %s has no heading #%s", page, link, file, frag)
+			}
 		}
 	}
 }
