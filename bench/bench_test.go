@@ -200,3 +200,16 @@ func BenchmarkEnqueue(b *testing.B) {
 		}
 	}
 }
+
+// The page of -markdown says how it was made and holds the run's table as
+// the run printed it.
+func TestMarkdownPage(t *testing.T) {
+	t.Parallel()
+	table := "| scenario | txoutbox | baseline | ratio | target | pass/fail |\n|---|---|---|---|---|---|\n| a  x | 1/s | 2/s | 50 % | — | info |\n\n2 cores; PostgreSQL 15; 2 rounds; took 1s\n"
+	page := markdownPage([]string{"-quick", "-markdown", "docs/benchmarks.md"}, table)
+	for _, want := range []string{"# Benchmark results\n", "`go run ./bench -quick -markdown docs/benchmarks.md`", "(performance.md)", strings.TrimSpace(table) + "\n"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q:\n%s", want, page)
+		}
+	}
+}

@@ -4,6 +4,7 @@
 //
 //	go run ./bench -dsn postgres://postgres@127.0.0.1:24432/postgres?sslmode=disable
 //	go run ./bench -quick          # smaller sizes, about a minute
+//	go run ./bench -markdown docs/benchmarks.md   # and write the table as a page
 //
 // The DSN (default $TXOUTBOX_PG_DSN) must be allowed to CREATE DATABASE: the
 // command makes a fresh database for its run and drops it at the end (-keep
@@ -53,6 +54,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -136,6 +138,7 @@ func main() {
 	retained := flag.Int("retained", 0, "e: published rows retained (default 5000000)")
 	cooldown := flag.Duration("cooldown", 0, "c, d: the relays' Cooldown between claims (default the relay's, 1ms; negative: none)")
 	verbose := flag.Bool("v", false, "progress on stderr")
+	markdown := flag.String("markdown", "", "also write the table as a Markdown page to this file (docs/benchmarks.md)")
 	flag.Parse()
 
 	c := defaults(*quick)
@@ -160,10 +163,32 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, c, os.Stdout, log); err != nil {
+	var table bytes.Buffer
+	if err := run(ctx, c, io.MultiWriter(os.Stdout, &table), log); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+	if *markdown != "" {
+		if err := os.WriteFile(*markdown, []byte(markdownPage(os.Args[1:], table.String())), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+// markdownPage is the page -markdown writes: the table of this run and the
+// line that says where it ran, under a header that says how to make it
+// again, so that no figure of it is ever copied by hand.
+func markdownPage(args []string, table string) string {
+	var b strings.Builder
+	b.WriteString("# Benchmark results\n\n")
+	b.WriteString("The table of one run of the benchmark command, written by the command\n")
+	fmt.Fprintf(&b, "itself (`go run ./bench %s`); run it again to refresh this page. Every\n", strings.Join(args, " "))
+	b.WriteString("ratio compares figures measured in the same run; the method and what\n")
+	b.WriteString("each scenario measures are in [performance.md](performance.md).\n\n")
+	b.WriteString(strings.TrimSpace(table))
+	b.WriteString("\n")
+	return b.String()
 }
 
 // run makes the database, runs the scenarios and prints the table to out.
