@@ -21,6 +21,6 @@ quickstart:
 	go run ./examples/quickstart
 
 # Prints the performance table against the PostgreSQL that `make services`
-# starts (see docs/performance.md).
+# starts, and writes it to docs/benchmarks.md (see docs/performance.md).
 bench: services
-	. .services/env && go run ./bench
+	. .services/env && go run ./bench -markdown docs/benchmarks.md
