@@ -15,6 +15,7 @@ func TestConformance(t *testing.T) {
 	newStore := func(t *testing.T) *outboxtest.StoreFixture { return fixture(memoutbox.New(memoutbox.Options{})) }
 	t.Run("Store", func(t *testing.T) { t.Parallel(); outboxtest.RunStore(t, newStore) })
 	t.Run("OrderedStore", func(t *testing.T) { t.Parallel(); outboxtest.RunOrderedStore(t, newStore) })
+	t.Run("Scheduled", func(t *testing.T) { t.Parallel(); outboxtest.RunScheduled(t, newStore) })
 }
 
 func fixture(s *memoutbox.Store) *outboxtest.StoreFixture {
