@@ -115,11 +115,7 @@ func (r *source) Table(ropts core.RelayOptions) logstream.Table {
 
 // Session streams the slot once.
 func (r *source) Session(ctx context.Context, s *logstream.Stream, started func()) error {
-	if r.stream != s {
-		// The first session's: a goroutine of an ended session may still
-		// read the field, never write it.
-		r.stream = s
-	}
+	r.stream = s // every goroutine of the last session has ended
 	return r.session(ctx, started)
 }
 

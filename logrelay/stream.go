@@ -184,14 +184,18 @@ func (r *source) receive(ctx context.Context, conn *pgconn.PgConn, out chan<- lo
 	wake := r.opts.ConfirmInterval == 0
 	var reading atomic.Pointer[context.CancelFunc]
 	if wake {
-		wakeDone := make(chan struct{})
-		defer close(wakeDone)
+		// Joined before receive returns, and reading only its own copy of
+		// the channel: nothing of the session outlives it.
+		moved := r.stream.Moved()
+		wakeDone, wakeExited := make(chan struct{}), make(chan struct{})
+		defer func() { close(wakeDone); <-wakeExited }()
 		go func() {
+			defer close(wakeExited)
 			for {
 				select {
 				case <-wakeDone:
 					return
-				case <-r.stream.Moved():
+				case <-moved:
 					if cancel := reading.Load(); cancel != nil {
 						(*cancel)()
 					}
