@@ -43,6 +43,10 @@ func (s *timedStore) Claim(ctx context.Context, req core.ClaimRequest) (core.Cla
 	return &timedClaim{Claim: c, s: s}, nil
 }
 
+// Unwrap implements core.StoreWrapper: the relay finds the wrapped store's
+// wake-up signal and next due time there.
+func (s *timedStore) Unwrap() core.Store { return s.Store }
+
 type timedClaim struct {
 	core.Claim
 	s *timedStore

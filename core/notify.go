@@ -17,7 +17,7 @@ type NotifierFunc func()
 func (f NotifierFunc) Notify() { f() }
 
 // Signal is a same-process broadcast of "events were written": storage
-// adapters notify it after every write (StoreCapabilities.Wakeups), and
+// adapters notify it after every write (WakeupSource), and
 // every relay running on the store is subscribed to it while it runs. The
 // zero Signal is ready to use; it is safe for concurrent use.
 type Signal struct {

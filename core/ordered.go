@@ -120,7 +120,7 @@ type PartitionLeaser interface {
 type OrderedOptions struct {
 	// Leaser shares partitions with other relays; Relay.Run runs it (do
 	// not run it yourself). Default: the store's
-	// (StoreCapabilities.NewLeaser), built with PartitionCount. Without
+	// (LeaserSource), built with PartitionCount. Without
 	// one, the relay claims from every partition; several relays without
 	// leasers are still ordered (partitions are never served by two open
 	// claims) but contend for every partition. Outside Run (ProcessBatch,
@@ -161,7 +161,7 @@ func (o OrderedOptions) withDefaults() (OrderedOptions, error) {
 
 // resolveOrdering decides at NewRelay whether the relay runs ordered, and
 // sets up its ordered options (the store's leaser among them).
-func resolveOrdering(o *RelayOptions, caps StoreCapabilities, pcaps PublisherCapabilities) (bool, error) {
+func resolveOrdering(o *RelayOptions, store Store, caps StoreCapabilities, pcaps PublisherCapabilities) (bool, error) {
 	switch o.Ordering {
 	case OrderingOff:
 		return false, nil
@@ -190,8 +190,8 @@ func resolveOrdering(o *RelayOptions, caps StoreCapabilities, pcaps PublisherCap
 	if err != nil {
 		return false, err
 	}
-	if oo.Leaser == nil && !oo.NoLeaser && caps.NewLeaser != nil && caps.OrderedPartitions {
-		l, err := caps.NewLeaser(LeaserConfig{PartitionCount: oo.PartitionCount, Logger: o.Logger})
+	if src, ok := StoreAs[LeaserSource](store); ok && oo.Leaser == nil && !oo.NoLeaser && caps.OrderedPartitions {
+		l, err := src.NewLeaser(LeaserConfig{PartitionCount: oo.PartitionCount, Logger: o.Logger})
 		if err != nil {
 			return false, fmt.Errorf("txoutbox: the store's partition leaser: %w", err)
 		}

@@ -38,9 +38,13 @@ type BatchResult struct {
 type Relay struct {
 	store Store
 	caps  StoreCapabilities
-	pub   Publisher
-	opts  RelayOptions
-	log   *slog.Logger
+	// wakeups and nextDue are the store's optional WakeupSource and
+	// NextDueReader, found at NewRelay (nil when it has none).
+	wakeups *Signal
+	nextDue NextDueReader
+	pub     Publisher
+	opts    RelayOptions
+	log     *slog.Logger
 	// wakes are the workers' wake-ups: one channel shared by all, which a
 	// Notify gives to one idle worker, or, in ordered mode with the
 	// partitions split among several workers, one per worker, since one
@@ -76,7 +80,7 @@ func NewRelay(store Store, pub Publisher, opts RelayOptions) (*Relay, error) {
 		o.Logger.Info("txoutbox: relay concurrency capped by store", "asked", o.Concurrency, "max", max)
 		o.Concurrency = max
 	}
-	ordered, err := resolveOrdering(&o, caps, pub.Capabilities())
+	ordered, err := resolveOrdering(&o, store, caps, pub.Capabilities())
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +92,12 @@ func NewRelay(store Store, pub Publisher, opts RelayOptions) (*Relay, error) {
 	for i := range wakes {
 		wakes[i] = make(chan struct{}, 1)
 	}
-	return &Relay{store: store, caps: caps, pub: pub, opts: o, log: o.Logger, wakes: wakes, ordered: ordered}, nil
+	r := &Relay{store: store, caps: caps, pub: pub, opts: o, log: o.Logger, wakes: wakes, ordered: ordered}
+	if ws, ok := StoreAs[WakeupSource](store); ok {
+		r.wakeups = ws.Wakeups()
+	}
+	r.nextDue, _ = StoreAs[NextDueReader](store)
+	return r, nil
 }
 
 // Ordered reports whether the relay runs in ordered mode.
@@ -109,7 +118,7 @@ func (r *Relay) Options() RelayOptions { return r.opts }
 // Notify wakes an idle worker at once instead of at the next poll. It never
 // blocks, and calls that come faster than the relay claims are coalesced.
 // A running relay is notified by its store's adapter after every write
-// (StoreCapabilities.Wakeups); if the producer's transaction has not
+// (WakeupSource); if the producer's transaction has not
 // committed yet when the worker claims, the worker looks again a few times
 // within milliseconds before it goes back to polling.
 func (r *Relay) Notify() {
@@ -163,8 +172,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("%w: Relay.Run is already running", ErrInvalidOptions)
 	}
 	defer r.running.Store(false)
-	if r.caps.Wakeups != nil {
-		defer r.caps.Wakeups.Subscribe(r.Notify)()
+	if r.wakeups != nil {
+		defer r.wakeups.Subscribe(r.Notify)()
 	}
 	var leaser PartitionLeaser
 	if r.ordered {
@@ -332,10 +341,10 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 // of a backoff). A store that cannot tell, or fails to, leaves the poll.
 func (r *Relay) untilDue(ctx context.Context, log *slog.Logger) time.Duration {
 	wait := r.opts.PollInterval
-	if r.caps.NextDue == nil {
+	if r.nextDue == nil {
 		return wait
 	}
-	d, ok, err := r.caps.NextDue(ctx)
+	d, ok, err := r.nextDue.NextDue(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Debug("txoutbox: relay could not read when the next event falls due; polling", "error", err)

@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// Store is what the relay needs from the database that holds the outbox.
+// Store is what the relay needs from the database that holds the outbox:
+// claims, and what it can do as data.
 //
 // Claim hands out due events (unpublished, not dead, next attempt reached)
 // that no other open claim holds; on PostgreSQL this is SELECT ... FOR UPDATE
@@ -15,29 +16,24 @@ import (
 // or Release. A claim abandoned by a crashed relay (its connection gone) must
 // become claimable again.
 //
-// Stats and DeletePublished serve the lag monitor and retention (Monitor,
-// Cleanup); Capabilities says, as data, what else the store can do, so that
-// decorators such as package metrics forward all of it by forwarding one
-// value. The conformance suite (package outboxtest) proves a Store, and
-// adapters/memory is the reference implementation.
+// Everything else a store may do is an optional interface, found by type
+// assertion (StoreAs), as database/sql finds what a driver can do:
+// StatsReader (the lag monitor), Cleaner (retention), WakeupSource,
+// NextDueReader and LeaserSource (used by the relay without wiring). A
+// decorator implements Unwrap so that what it does not change is found on
+// the store it wraps. The conformance suite (package outboxtest) proves a
+// Store, and adapters/memory is the reference implementation.
 type Store interface {
 	// Claim hands out a batch of due events (see ClaimRequest).
 	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
-	// Stats reports the outbox's health. A store that cannot returns an
-	// error wrapping ErrUnsupported.
-	Stats(ctx context.Context) (Stats, error)
-	// DeletePublished deletes at most limit events published before the
-	// given time and returns how many it deleted. Pending and dead events
-	// are never deleted. A store that cannot returns an error wrapping
-	// ErrUnsupported.
-	DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error)
-	// Capabilities reports what the store can do. It is constant for the
-	// life of the store.
+	// Capabilities reports what the store's claims can do. It is constant
+	// for the life of the store.
 	Capabilities() StoreCapabilities
 }
 
-// StoreCapabilities is what a Store can do beyond the unordered claim, as
-// data: decorators forward the value whole, and the relay decides from it.
+// StoreCapabilities is what a Store's claims can do beyond the unordered
+// claim: plain data, which a decorator forwards whole and the relay
+// decides from.
 type StoreCapabilities struct {
 	// OrderedClaims: Claim honours ClaimRequest.Ordered.
 	OrderedClaims bool
@@ -51,26 +47,77 @@ type StoreCapabilities struct {
 	// serves one); 0 means no limit of its own. The relay caps its
 	// Concurrency to it.
 	MaxConcurrency int
-	// Wakeups, when not nil, is notified whenever events are written
-	// through the store's adapter in this process (its Enqueue, its GORM
-	// plugin). A relay running on the store subscribes to it, so that a
-	// producer's commit wakes the relay at once instead of at its next poll,
-	// with no wiring by the caller. Other processes need a cross-process
-	// signal such as package pgnotify.
-	Wakeups *Signal
-	// NewLeaser, when not nil, builds the PartitionLeaser with which
-	// relays of one outbox share the partitions of ordered mode. A relay in
-	// ordered mode without RelayOptions.Ordered.Leaser uses it.
-	NewLeaser func(LeaserConfig) (PartitionLeaser, error)
-	// NextDue, when not nil, reports how long, by the database's clock,
-	// until the next event that is not due yet falls due (a scheduled
-	// event's NotBefore, the end of a backoff), and false when there is
-	// none. An idle relay sleeps no longer than that, so that scheduled
-	// events and retries go out on time instead of at the next poll.
-	NextDue func(ctx context.Context) (time.Duration, bool, error)
 }
 
-// LeaserConfig is what a relay passes to StoreCapabilities.NewLeaser.
+// StatsReader is a Store that reports the outbox's health; Monitor reads
+// it.
+type StatsReader interface {
+	Stats(ctx context.Context) (Stats, error)
+}
+
+// Cleaner is a Store that deletes what retention no longer keeps; Cleanup
+// drives it, and partitioned tables (dialect.PartitionMaintainer) and the
+// archive implement it too.
+type Cleaner interface {
+	// DeletePublished deletes at most limit events published before the
+	// given time and returns how many it deleted. Pending and dead events
+	// are never deleted.
+	DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error)
+}
+
+// WakeupSource is a Store whose adapter notifies a Signal whenever events
+// are written through it in this process (its Enqueue, its GORM plugin). A
+// relay running on the store subscribes to it, so that a producer's commit
+// wakes the relay at once instead of at its next poll, with no wiring by
+// the caller. Other processes need a cross-process signal such as package
+// pgnotify.
+type WakeupSource interface {
+	Wakeups() *Signal
+}
+
+// NextDueReader is a Store that can tell, by the database's clock, how long
+// until the next event that is not due yet falls due (a scheduled event's
+// NotBefore, the end of a backoff); ok is false when there is none. An idle
+// relay sleeps no longer than that, so that scheduled events and retries go
+// out on time instead of at the next poll.
+type NextDueReader interface {
+	NextDue(ctx context.Context) (d time.Duration, ok bool, err error)
+}
+
+// LeaserSource is a Store that builds the PartitionLeaser with which relays
+// of one outbox share the partitions of ordered mode. A relay in ordered
+// mode on a store whose capabilities report OrderedPartitions uses it
+// unless RelayOptions.Ordered names a Leaser or NoLeaser.
+type LeaserSource interface {
+	NewLeaser(cfg LeaserConfig) (PartitionLeaser, error)
+}
+
+// StoreWrapper is a decorator of a Store (package metrics' or tracing's):
+// Unwrap returns the store it decorates, on which StoreAs looks for what
+// the decorator itself does not implement.
+type StoreWrapper interface {
+	Unwrap() Store
+}
+
+// StoreAs returns the first of s and the stores it wraps (StoreWrapper)
+// that implements T, one of the optional interfaces of a Store, and false
+// when none does.
+func StoreAs[T any](s Store) (T, bool) {
+	for s != nil {
+		if t, ok := any(s).(T); ok {
+			return t, true
+		}
+		w, ok := s.(StoreWrapper)
+		if !ok {
+			break
+		}
+		s = w.Unwrap()
+	}
+	var zero T
+	return zero, false
+}
+
+// LeaserConfig is what a relay passes to LeaserSource.NewLeaser.
 type LeaserConfig struct {
 	// PartitionCount is the number of partitions (always > 0).
 	PartitionCount int
@@ -148,17 +195,4 @@ type TypeStats struct {
 	OldestPendingAge time.Duration
 	Dead             int64
 	Scheduled        int64
-}
-
-// StatsReader is the part of a Store that Monitor reads.
-type StatsReader interface {
-	Stats(ctx context.Context) (Stats, error)
-}
-
-// Cleaner is the part of a Store that Cleanup drives; partitioned tables
-// (dialect.PartitionMaintainer) implement it too.
-type Cleaner interface {
-	// DeletePublished deletes at most limit events published before the
-	// given time and returns how many it deleted.
-	DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error)
 }

@@ -170,17 +170,13 @@ func TestRelayWiresItselfFromCapabilities(t *testing.T) {
 	}
 }
 
-// leasingStore offers a leaser through its capabilities.
+// leasingStore offers a leaser (core.LeaserSource).
 type leasingStore struct {
 	*testStore
 	build func(core.LeaserConfig) (core.PartitionLeaser, error)
 }
 
-func (s leasingStore) Capabilities() core.StoreCapabilities {
-	c := s.testStore.Capabilities()
-	c.NewLeaser = s.build
-	return c
-}
+func (s leasingStore) NewLeaser(c core.LeaserConfig) (core.PartitionLeaser, error) { return s.build(c) }
 
 // Sizes are bounded and waits cannot be negative.
 func TestRelayOptionsBounds(t *testing.T) {

@@ -305,8 +305,9 @@ func (p *publisher) Publish(ctx context.Context, events []core.Event) error {
 func (p *publisher) Capabilities() core.PublisherCapabilities { return p.inner.Capabilities() }
 
 // Store returns s decorated with the claim and mark histograms and the event
-// counters. Stats, DeletePublished and Capabilities pass through: the
-// decorated store can do all that s can.
+// counters. Capabilities pass through, and the decorated store unwraps to
+// s (core.StoreWrapper), so that a relay on it finds all that s can do; read
+// Stats from s and clean up with s.
 func (m *Metrics) Store(s core.Store) core.Store { return &store{inner: s, m: m} }
 
 type store struct {
@@ -316,11 +317,9 @@ type store struct {
 
 func (s *store) Capabilities() core.StoreCapabilities { return s.inner.Capabilities() }
 
-func (s *store) Stats(ctx context.Context) (core.Stats, error) { return s.inner.Stats(ctx) }
-
-func (s *store) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {
-	return s.inner.DeletePublished(ctx, before, limit)
-}
+// Unwrap implements core.StoreWrapper: the relay finds the wrapped store's
+// optional interfaces (its wake-up signal, its leaser) there.
+func (s *store) Unwrap() core.Store { return s.inner }
 
 func (s *store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
 	start := time.Now()

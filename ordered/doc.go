@@ -18,7 +18,7 @@
 // predecessor in the batch was accepted.
 //
 // Nothing here needs wiring: the store offers a Leaser
-// (core.StoreCapabilities.NewLeaser), and a relay in ordered mode builds
+// (core.LeaserSource), and a relay in ordered mode builds
 // one and runs it:
 //
 //	store, _ := sqlxoutbox.NewDB(db, sqlxoutbox.Options{})

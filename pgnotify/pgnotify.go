@@ -45,7 +45,7 @@
 //
 // When producers and the relay share a process and a database handle, they
 // need none of this: every adapter's writes wake the relays on the same
-// handle and table directly (core.StoreCapabilities.Wakeups).
+// handle and table directly (core.WakeupSource).
 package pgnotify
 
 import (

@@ -33,16 +33,12 @@ func (s countingStore) Claim(ctx context.Context, req core.ClaimRequest) (core.C
 	return s.Store.Claim(ctx, req)
 }
 
-func (s countingStore) Capabilities() core.StoreCapabilities {
-	c := s.Store.Capabilities()
-	if next := c.NextDue; next != nil {
-		c.NextDue = func(ctx context.Context) (time.Duration, bool, error) {
-			s.nextDue.Add(1)
-			return next(ctx)
-		}
-	}
-	return c
+func (s countingStore) NextDue(ctx context.Context) (time.Duration, bool, error) {
+	s.nextDue.Add(1)
+	return s.Store.(core.NextDueReader).NextDue(ctx)
 }
+
+func (s countingStore) Unwrap() core.Store { return s.Store }
 
 // outboxes migrates n outbox tables in one fresh PostgreSQL database and
 // returns the pool they share and their stores.

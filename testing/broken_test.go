@@ -83,6 +83,10 @@ var brokenCases = map[string]struct {
 	"DecoratorDropsCapability": {func(t *testing.T) {
 		outboxtest.RequireStoreDecorator(t, func(s core.Store) core.Store { return forgetful{s} })
 	}, "want the wrapped store's"},
+	// A decorator hides the optional interfaces of the store it wraps.
+	"DecoratorHidesOptionalInterfaces": {func(t *testing.T) {
+		outboxtest.RequireStoreDecorator(t, func(s core.Store) core.Store { return opaque{s} })
+	}, "does not find the wrapped store's wake-up signal"},
 }
 
 const brokenEnv = "OUTBOXTEST_BROKEN_CASE"
@@ -204,11 +208,7 @@ type deafStore struct {
 	sig *core.Signal
 }
 
-func (s deafStore) Capabilities() core.StoreCapabilities {
-	c := s.Store.Capabilities()
-	c.Wakeups = s.sig
-	return c
-}
+func (s deafStore) Wakeups() *core.Signal { return s.sig }
 
 type reversing struct{ core.Publisher }
 
@@ -267,11 +267,16 @@ func (s stubborn) Subscribe(ctx context.Context, topic string) (<-chan *message.
 	return out, nil
 }
 
-// forgetful drops the wake-up signal.
+// forgetful drops a capability.
 type forgetful struct{ core.Store }
 
 func (f forgetful) Capabilities() core.StoreCapabilities {
 	c := f.Store.Capabilities()
-	c.Wakeups = nil
+	c.OrderedPartitions = false
 	return c
 }
+
+func (f forgetful) Unwrap() core.Store { return f.Store }
+
+// opaque forwards the required methods and has no Unwrap.
+type opaque struct{ core.Store }

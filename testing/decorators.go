@@ -10,7 +10,8 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 )
 
-// capsStore is the reference store reporting the capabilities it is given.
+// capsStore is the reference store reporting the capabilities it is given
+// and a leaser that proves it was reached.
 type capsStore struct {
 	*memoutbox.Store
 	caps core.StoreCapabilities
@@ -18,39 +19,53 @@ type capsStore struct {
 
 func (s capsStore) Capabilities() core.StoreCapabilities { return s.caps }
 
+func (s capsStore) NewLeaser(core.LeaserConfig) (core.PartitionLeaser, error) {
+	return nil, errLeaserProbe
+}
+
+// bareStore has the required methods of a Store and nothing else.
+type bareStore struct{ core.Store }
+
 var errLeaserProbe = errors.New("outboxtest: the inner store's NewLeaser was called")
 
 // RequireStoreDecorator proves a decorator of core.Store (such as
 // metrics.Metrics.Store or tracing.Tracing.Store): the decorated store
-// reports every capability of the store it wraps and gains none, and its
-// claims, Stats and DeletePublished reach the wrapped store.
+// reports the capabilities of the store it wraps, its claims reach that
+// store, and core.StoreAs finds on it every optional interface of the
+// wrapped store (its wake-up signal, its leaser, its next due time, its
+// Stats and DeletePublished) and none that the wrapped store lacks.
 func RequireStoreDecorator(t *testing.T, decorate func(core.Store) core.Store) {
 	t.Helper()
 	ctx := t.Context()
-	sig := &core.Signal{}
-	full := core.StoreCapabilities{
-		OrderedClaims:     true,
-		OrderedPartitions: true,
-		MaxConcurrency:    3,
-		Wakeups:           sig,
-		NewLeaser: func(core.LeaserConfig) (core.PartitionLeaser, error) {
-			return nil, errLeaserProbe
-		},
-	}
+	full := core.StoreCapabilities{OrderedClaims: true, OrderedPartitions: true, MaxConcurrency: 3}
 	inner := capsStore{memoutbox.New(memoutbox.Options{}), full}
 	d := decorate(inner)
-	got := d.Capabilities()
-	if got.OrderedClaims != full.OrderedClaims || got.OrderedPartitions != full.OrderedPartitions ||
-		got.MaxConcurrency != full.MaxConcurrency || got.Wakeups != sig {
+	if got := d.Capabilities(); got != full {
 		t.Errorf("decorated store reports %+v, want the wrapped store's %+v", got, full)
 	}
-	if got.NewLeaser == nil {
-		t.Error("decorated store lost NewLeaser")
-	} else if _, err := got.NewLeaser(core.LeaserConfig{PartitionCount: 4}); !errors.Is(err, errLeaserProbe) {
-		t.Errorf("decorated store's NewLeaser did not reach the wrapped store's: %v", err)
+	if ws, ok := core.StoreAs[core.WakeupSource](d); !ok || ws.Wakeups() != inner.Wakeups() {
+		t.Error("core.StoreAs does not find the wrapped store's wake-up signal on the decorated store")
 	}
-	if z := decorate(capsStore{memoutbox.New(memoutbox.Options{}), core.StoreCapabilities{}}).Capabilities(); z.OrderedClaims || z.OrderedPartitions || z.MaxConcurrency != 0 || z.Wakeups != nil || z.NewLeaser != nil {
+	if ls, ok := core.StoreAs[core.LeaserSource](d); !ok {
+		t.Error("core.StoreAs does not find the wrapped store's leaser on the decorated store")
+	} else if _, err := ls.NewLeaser(core.LeaserConfig{PartitionCount: 4}); !errors.Is(err, errLeaserProbe) {
+		t.Errorf("the decorated store's NewLeaser did not reach the wrapped store's: %v", err)
+	}
+	if _, ok := core.StoreAs[core.NextDueReader](d); !ok {
+		t.Error("core.StoreAs does not find the wrapped store's NextDue on the decorated store")
+	}
+	bare := decorate(bareStore{capsStore{memoutbox.New(memoutbox.Options{}), core.StoreCapabilities{}}})
+	if z := bare.Capabilities(); z != (core.StoreCapabilities{}) {
 		t.Errorf("decorated store without capabilities reports %+v, want none", z)
+	}
+	if _, ok := core.StoreAs[core.WakeupSource](bare); ok {
+		t.Error("a decorated store whose wrapped store has no wake-up signal reports one")
+	}
+	if _, ok := core.StoreAs[core.LeaserSource](bare); ok {
+		t.Error("a decorated store whose wrapped store has no leaser reports one")
+	}
+	if _, ok := core.StoreAs[core.StatsReader](bare); ok {
+		t.Error("a decorated store whose wrapped store has no Stats reports them")
 	}
 
 	evs := suiteEvents(t, uniqueType("decorator"), 3, 1)
@@ -72,11 +87,19 @@ func RequireStoreDecorator(t *testing.T, decorate func(core.Store) core.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := d.Stats(ctx)
+	sr, ok := core.StoreAs[core.StatsReader](d)
+	if !ok {
+		t.Fatal("core.StoreAs does not find the wrapped store's Stats on the decorated store")
+	}
+	st, err := sr.Stats(ctx)
 	if err != nil || st.Pending != want.Pending || st.Dead != want.Dead || st.Pending != 2 {
 		t.Errorf("decorated Stats = %+v, %v; want the wrapped store's %+v", st, err, want)
 	}
-	n, err := d.DeletePublished(ctx, time.Now().Add(time.Hour), 10)
+	cl, ok := core.StoreAs[core.Cleaner](d)
+	if !ok {
+		t.Fatal("core.StoreAs does not find the wrapped store's DeletePublished on the decorated store")
+	}
+	n, err := cl.DeletePublished(ctx, time.Now().Add(time.Hour), 10)
 	if err != nil || n != 1 {
 		t.Errorf("decorated DeletePublished = %d, %v; want the wrapped store's deletion of 1", n, err)
 	}

@@ -94,8 +94,8 @@ func RunEndToEnd(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc) {
 	t.Run("StoreWakesItsRelay", func(t *testing.T) {
 		t.Parallel()
 		f, b := newStore(t), newBroker(t)
-		if f.Store.Capabilities().Wakeups == nil {
-			t.Log("the store reports no same-process wake-up (StoreCapabilities.Wakeups); its relays poll")
+		if ws, ok := core.StoreAs[core.WakeupSource](f.Store); !ok || ws.Wakeups() == nil {
+			t.Log("the store reports no same-process wake-up (core.WakeupSource); its relays poll")
 			return
 		}
 		et := uniqueType("wake")

@@ -18,7 +18,7 @@ import (
 // takes over; an event scheduled for tomorrow is not published, and a
 // rolled-back one never. The relays poll once an hour, so the event is
 // published at all only if the store tells the relay when it falls due
-// (StoreCapabilities.NextDue).
+// (core.NextDueReader).
 func RunScheduled(t *testing.T, newStore NewStoreFunc) {
 	t.Run("NeverEarlyAcrossRestarts", func(t *testing.T) {
 		t.Parallel()

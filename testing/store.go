@@ -305,7 +305,7 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		if c := relay.Counters(); c.DeadLettered != 1 || c.Failed != 3 {
 			t.Errorf("counters %+v, want 1 dead-lettered of 3 failures", c)
 		}
-		s, err := f.Store.Stats(t.Context())
+		s, err := statsReader(t, f).Stats(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -336,7 +336,7 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 			}
 		}
 		var progress []int64
-		n, err := core.Cleanup(ctx, f.Store, core.CleanupOptions{BatchSize: 7, OnProgress: func(d int64) { progress = append(progress, d) }})
+		n, err := core.Cleanup(ctx, cleaner(t, f), core.CleanupOptions{BatchSize: 7, OnProgress: func(d int64) { progress = append(progress, d) }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -372,7 +372,7 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 			t.Fatal(err)
 		}
 		var lagged core.Stats
-		m, err := core.NewMonitor(f.Store, core.MonitorOptions{Logger: testLogger(t), LagThreshold: time.Hour, OnLag: func(_ context.Context, s core.Stats) { lagged = s }})
+		m, err := core.NewMonitor(statsReader(t, f), core.MonitorOptions{Logger: testLogger(t), LagThreshold: time.Hour, OnLag: func(_ context.Context, s core.Stats) { lagged = s }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -416,7 +416,7 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		tomorrow.NotBefore = time.Now().Add(24 * time.Hour)
 		mustEnqueue(t, f, evs, true)
 
-		st, err := f.Store.Stats(ctx)
+		st, err := statsReader(t, f).Stats(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -441,7 +441,7 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		if err := c.Commit(ctx, core.Outcome{Published: []int64{c.Events()[0].Seq, c.Events()[1].Seq}}); err != nil {
 			t.Fatal(err)
 		}
-		m, err := core.NewMonitor(f.Store, core.MonitorOptions{Logger: testLogger(t), LagThreshold: time.Second})
+		m, err := core.NewMonitor(statsReader(t, f), core.MonitorOptions{Logger: testLogger(t), LagThreshold: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -468,7 +468,7 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- relay.Run(rctx) }()
-		if f.Store.Capabilities().NextDue != nil {
+		if _, ok := core.StoreAs[core.NextDueReader](f.Store); ok {
 			// Nothing is due before NotBefore.
 			wait.ForStall(t, "the scheduled event published on its NextDue wake-up", delay+envDeliveryTimeout(t), func() (bool, any) {
 				mu.Lock()
@@ -560,6 +560,29 @@ func InvalidEvents() map[string]core.Event {
 			e.Headers = map[string]string{"k": strings.Repeat("v", core.DefaultMaxHeaderBytes)}
 		}),
 	}
+}
+
+// statsReader returns the fixture's store as a core.StatsReader: optional
+// for the relay, but the lag monitor of every outbox in production reads
+// it, so the suite proves it.
+func statsReader(t *testing.T, f *StoreFixture) core.StatsReader {
+	t.Helper()
+	sr, ok := core.StoreAs[core.StatsReader](f.Store)
+	if !ok {
+		t.Fatalf("the store %T is no core.StatsReader: the suite proves the Stats that the lag monitor reads", f.Store)
+	}
+	return sr
+}
+
+// cleaner returns the fixture's store as a core.Cleaner, which retention
+// needs: the suite proves it.
+func cleaner(t *testing.T, f *StoreFixture) core.Cleaner {
+	t.Helper()
+	c, ok := core.StoreAs[core.Cleaner](f.Store)
+	if !ok {
+		t.Fatalf("the store %T is no core.Cleaner: the suite proves the DeletePublished that retention runs", f.Store)
+	}
+	return c
 }
 
 func mustEnqueue(t *testing.T, f *StoreFixture, evs []core.Event, commit bool) {

@@ -260,8 +260,9 @@ func (p *publisher) Publish(ctx context.Context, events []core.Event) error {
 // the SpanPublish span too when the publisher is decorated by the same
 // Tracing. An empty claim makes no span, so that an idle relay polling every
 // second does not flood the tracing backend; a failed claim makes a SpanClaim
-// span with the error. Stats, DeletePublished and Capabilities pass through
-// untraced: the decorated store can do all that s can.
+// span with the error. Capabilities pass through, and the decorated store
+// unwraps to s (core.StoreWrapper), so that a relay on it finds all that s
+// can do; read Stats from s and clean up with s.
 func (t *Tracing) Store(s core.Store) core.Store { return &store{inner: s, t: t} }
 
 type store struct {
@@ -271,11 +272,9 @@ type store struct {
 
 func (s *store) Capabilities() core.StoreCapabilities { return s.inner.Capabilities() }
 
-func (s *store) Stats(ctx context.Context) (core.Stats, error) { return s.inner.Stats(ctx) }
-
-func (s *store) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {
-	return s.inner.DeletePublished(ctx, before, limit)
-}
+// Unwrap implements core.StoreWrapper: the relay finds the wrapped store's
+// optional interfaces (its wake-up signal, its leaser) there.
+func (s *store) Unwrap() core.Store { return s.inner }
 
 func (s *store) Claim(ctx context.Context, req core.ClaimRequest) (core.Claim, error) {
 	start := time.Now()

@@ -52,7 +52,14 @@ type Store struct {
 	claimID int64
 }
 
-var _ core.Store = (*Store)(nil)
+// What the relay, the monitor and retention find on a Store.
+var (
+	_ core.Store         = (*Store)(nil)
+	_ core.StatsReader   = (*Store)(nil)
+	_ core.Cleaner       = (*Store)(nil)
+	_ core.WakeupSource  = (*Store)(nil)
+	_ core.NextDueReader = (*Store)(nil)
+)
 
 // New returns an empty Store. It panics on invalid Limits; use NewChecked to
 // get an error instead.
@@ -77,16 +84,19 @@ func NewChecked(opts Options) (*Store, error) {
 	return &Store{opts: opts, limits: l, held: map[int64]*claim{}, parts: map[int]*claim{}}, nil
 }
 
-// Capabilities implements core.Store: ordered claims, no concurrency limit,
-// a wake-up signal notified at every commit that wrote events, and when
-// the next event falls due. Relays in one process need no leaser: a
-// partition is never served by two open claims.
+// Capabilities implements core.Store: ordered claims of chosen
+// partitions, no concurrency limit. Relays in one process need no leaser:
+// a partition is never served by two open claims.
 func (s *Store) Capabilities() core.StoreCapabilities {
-	return core.StoreCapabilities{OrderedClaims: true, OrderedPartitions: true, Wakeups: &s.signal, NextDue: s.nextDue}
+	return core.StoreCapabilities{OrderedClaims: true, OrderedPartitions: true}
 }
 
-// nextDue is StoreCapabilities.NextDue, by the store's clock.
-func (s *Store) nextDue(ctx context.Context) (time.Duration, bool, error) {
+// Wakeups implements core.WakeupSource: a signal notified at every commit
+// that wrote events.
+func (s *Store) Wakeups() *core.Signal { return &s.signal }
+
+// NextDue implements core.NextDueReader, by the store's clock.
+func (s *Store) NextDue(ctx context.Context) (time.Duration, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.opts.Now()
@@ -414,7 +424,7 @@ func (s *Store) find(seq int64) *core.Event {
 	return s.events[i]
 }
 
-// Stats implements core.Store.
+// Stats implements core.StatsReader.
 func (s *Store) Stats(ctx context.Context) (core.Stats, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -450,7 +460,7 @@ func (s *Store) Stats(ctx context.Context) (core.Stats, error) {
 	return st, nil
 }
 
-// DeletePublished implements core.Store: at most limit events published
+// DeletePublished implements core.Cleaner: at most limit events published
 // before the given time, oldest published first.
 func (s *Store) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {
 	if limit <= 0 {

@@ -20,7 +20,7 @@
 //
 // Every Enqueue, ExecWithEvents, RetryDead and Replay through an Outbox on
 // a pool wakes the relays running on that pool and table in this process
-// (core.StoreCapabilities.Wakeups). To wake relays in other processes, set
+// (core.WakeupSource). To wake relays in other processes, set
 // Options.Notifier to a pgnotify.Notifier made with
 // pgnotify.NewNotifierConfig(pool.Config().ConnConfig, ...).
 package pgxoutbox
@@ -108,7 +108,15 @@ type Outbox struct {
 	inLogMode atomic.Bool
 }
 
-var _ core.Store = (*Outbox)(nil)
+// What the relay, the monitor and retention find on an Outbox.
+var (
+	_ core.Store         = (*Outbox)(nil)
+	_ core.StatsReader   = (*Outbox)(nil)
+	_ core.Cleaner       = (*Outbox)(nil)
+	_ core.WakeupSource  = (*Outbox)(nil)
+	_ core.NextDueReader = (*Outbox)(nil)
+	_ core.LeaserSource  = (*Outbox)(nil)
+)
 
 // New returns the Outbox of the table opts.Table in the database of pool.
 // It does not connect; Ping checks the database and the table.
@@ -163,7 +171,7 @@ func checkTx(tx pgx.Tx, call string) error {
 
 // notify wakes the relays of this process and the Notifier.
 func (o *Outbox) notify() {
-	o.store.Capabilities().Wakeups.Notify()
+	o.store.Wakeups().Notify()
 	if o.opts.Notifier != nil {
 		o.opts.Notifier.Notify()
 	}
@@ -379,7 +387,7 @@ func (c claim) Commit(ctx context.Context, out core.Outcome) error {
 
 func (c claim) Release(ctx context.Context) error { return rename(c.Claim.Release(ctx)) }
 
-// Stats implements core.Store: pending and dead counts, overall and per
+// Stats implements core.StatsReader: pending and dead counts, overall and per
 // event type, and the age of the oldest pending event by the database's
 // clock. It reads every unpublished row; call it every few seconds at most.
 func (o *Outbox) Stats(ctx context.Context) (core.Stats, error) {
@@ -387,7 +395,7 @@ func (o *Outbox) Stats(ctx context.Context) (core.Stats, error) {
 	return s, rename(err)
 }
 
-// DeletePublished implements core.Store: it deletes at most limit events
+// DeletePublished implements core.Cleaner: it deletes at most limit events
 // published before the given time, oldest first. Pending and dead events
 // are never deleted.
 func (o *Outbox) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {
@@ -396,10 +404,24 @@ func (o *Outbox) DeletePublished(ctx context.Context, before time.Time, limit in
 }
 
 // Capabilities implements core.Store: ordered claims, of chosen partitions
-// too, with the partition leaser of package ordered; the pool's size
-// bounds nothing here, so size it for the producers plus the relay's
-// Concurrency; and the wake-up signal of the pool and table.
+// too; the pool's size bounds nothing here, so size it for the producers
+// plus the relay's Concurrency.
 func (o *Outbox) Capabilities() core.StoreCapabilities { return o.store.Capabilities() }
+
+// Wakeups implements core.WakeupSource: the signal of the pool and table.
+func (o *Outbox) Wakeups() *core.Signal { return o.store.Wakeups() }
+
+// NextDue implements core.NextDueReader.
+func (o *Outbox) NextDue(ctx context.Context) (time.Duration, bool, error) {
+	d, ok, err := o.store.NextDue(ctx)
+	return d, ok, rename(err)
+}
+
+// NewLeaser implements core.LeaserSource with the partition leaser of
+// package ordered, with which relays of one table share the partitions.
+func (o *Outbox) NewLeaser(lc core.LeaserConfig) (core.PartitionLeaser, error) {
+	return o.store.NewLeaser(lc)
+}
 
 // Ping checks that the database answers and that the outbox table exists:
 // an error wrapping core.ErrNotMigrated means the table is missing (run

@@ -340,9 +340,9 @@ func TestWritesWakeRelaysOfThePool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sig := other.Capabilities().Wakeups
-	if sig == nil || sig != e.Box.Capabilities().Wakeups {
-		t.Fatalf("two Outboxes of one pool report signals %p and %p, want one", sig, e.Box.Capabilities().Wakeups)
+	sig := other.Wakeups()
+	if sig == nil || sig != e.Box.Wakeups() {
+		t.Fatalf("two Outboxes of one pool report signals %p and %p, want one", sig, e.Box.Wakeups())
 	}
 	woken := make(chan struct{}, 10)
 	defer sig.Subscribe(func() { woken <- struct{}{} })()

@@ -46,9 +46,9 @@ func TestWriteWakesRelaysOfTheTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sig := other.Capabilities().Wakeups
-		if sig == nil || sig != e.box.Capabilities().Wakeups {
-			t.Fatalf("two Outboxes of one table report signals %p and %p, want one", sig, e.box.Capabilities().Wakeups)
+		sig := other.Wakeups()
+		if sig == nil || sig != e.box.Wakeups() {
+			t.Fatalf("two Outboxes of one table report signals %p and %p, want one", sig, e.box.Wakeups())
 		}
 		woken := make(chan struct{}, 10)
 		defer sig.Subscribe(func() { woken <- struct{}{} })()

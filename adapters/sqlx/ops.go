@@ -11,7 +11,7 @@ import (
 	"github.com/txoutbox/txoutbox/dialect"
 )
 
-// Stats implements core.Store: pending and dead counts, overall and
+// Stats implements core.StatsReader: pending and dead counts, overall and
 // per event type, and the age of the oldest pending event by the database's
 // clock. It reads every unpublished row; call it every few seconds at most.
 // It also looks at the *sql.DB's pool: when the pool closed more than a few
@@ -32,8 +32,9 @@ func (o *Outbox) Stats(ctx context.Context) (core.Stats, error) {
 	return s, nil
 }
 
-// nextDue is StoreCapabilities.NextDue.
-func (o *Outbox) nextDue(ctx context.Context) (time.Duration, bool, error) {
+// NextDue implements core.NextDueReader: how long, by the database's clock,
+// until the next event that is not due yet falls due.
+func (o *Outbox) NextDue(ctx context.Context) (time.Duration, bool, error) {
 	var secs sql.NullFloat64
 	if err := o.db.QueryRowContext(ctx, o.q.NextDue()).Scan(&secs); err != nil {
 		return 0, false, fmt.Errorf("sqlxoutbox: next due event: %w", dialect.CheckMigrated(err, o.q.Table()))
@@ -44,7 +45,7 @@ func (o *Outbox) nextDue(ctx context.Context) (time.Duration, bool, error) {
 	return time.Duration(max(secs.Float64, 0) * float64(time.Second)), true, nil
 }
 
-// DeletePublished implements core.Store: it deletes at most limit events
+// DeletePublished implements core.Cleaner: it deletes at most limit events
 // published before the given time, oldest first. Pending and dead events are
 // never deleted. On SQLite, before is truncated to milliseconds.
 func (o *Outbox) DeletePublished(ctx context.Context, before time.Time, limit int) (int64, error) {

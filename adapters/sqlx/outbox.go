@@ -58,7 +58,7 @@
 // relay with the default core.OrderingAuto and a Kafka or SNS FIFO
 // publisher is ordered with no extra wiring. Every write through an Outbox
 // (or the GORM plugin) on the same *sql.DB and table wakes the relays
-// running on it in this process (core.StoreCapabilities.Wakeups).
+// running on it in this process (core.WakeupSource).
 package sqlxoutbox
 
 import (
@@ -202,7 +202,15 @@ type Outbox struct {
 	pool poolwatch.Watch
 }
 
-var _ core.Store = (*Outbox)(nil)
+// What the relay, the monitor and retention find on an Outbox.
+var (
+	_ core.Store         = (*Outbox)(nil)
+	_ core.StatsReader   = (*Outbox)(nil)
+	_ core.Cleaner       = (*Outbox)(nil)
+	_ core.WakeupSource  = (*Outbox)(nil)
+	_ core.NextDueReader = (*Outbox)(nil)
+	_ core.LeaserSource  = (*Outbox)(nil)
+)
 
 // New returns the Outbox of a sqlx database; the dialect defaults to the one
 // of db's driver name.
@@ -285,21 +293,28 @@ func (o *Outbox) Dialect() dialect.Dialect { return o.d }
 func (o *Outbox) Queries() *dialect.Queries { return o.q }
 
 // Capabilities implements core.Store: ordered claims on every dialect; one
-// claim at a time, of every partition, on SQLite (one writer); the wake-up
-// signal shared by every writer of the table in this process; and on
-// PostgreSQL ordered claims of chosen partitions and the partition leaser
-// of package ordered, with which relays of one table share them.
+// claim at a time, of every partition, on SQLite (one writer); on
+// PostgreSQL and MySQL ordered claims of chosen partitions, which relays
+// of one table share with the leaser of NewLeaser.
 func (o *Outbox) Capabilities() core.StoreCapabilities {
-	c := core.StoreCapabilities{OrderedClaims: true, MaxConcurrency: o.d.MaxConcurrency(), Wakeups: o.wake, NextDue: o.nextDue}
-	if o.d.ClaimMode() == dialect.ClaimRowLocks {
-		c.OrderedPartitions = true
-		c.NewLeaser = func(lc core.LeaserConfig) (core.PartitionLeaser, error) {
-			return ordered.NewLeaser(o.db, o.d, ordered.LeaserOptions{
-				Table: o.q.Table().String(), PartitionCount: lc.PartitionCount, Logger: lc.Logger,
-			})
-		}
+	return core.StoreCapabilities{
+		OrderedClaims:     true,
+		OrderedPartitions: o.d.ClaimMode() == dialect.ClaimRowLocks,
+		MaxConcurrency:    o.d.MaxConcurrency(),
 	}
-	return c
+}
+
+// Wakeups implements core.WakeupSource: the signal shared by every writer
+// of the table in this process.
+func (o *Outbox) Wakeups() *core.Signal { return o.wake }
+
+// NewLeaser implements core.LeaserSource with the partition leaser of
+// package ordered on the table; SQLite, whose one writer serves every
+// partition, has none (an error wrapping core.ErrUnsupported).
+func (o *Outbox) NewLeaser(lc core.LeaserConfig) (core.PartitionLeaser, error) {
+	return ordered.NewLeaser(o.db, o.d, ordered.LeaserOptions{
+		Table: o.q.Table().String(), PartitionCount: lc.PartitionCount, Logger: lc.Logger,
+	})
 }
 
 // checkTx refuses a handle that is not a transaction.

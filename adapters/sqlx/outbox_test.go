@@ -774,8 +774,11 @@ func TestGetAndOptions(t *testing.T) {
 	if err != nil || box.Dialect() != dialect.SQLite {
 		t.Fatalf("NewDB detected %v, %v", box.Dialect(), err)
 	}
-	if c := box.Capabilities(); c.MaxConcurrency != 1 || !c.OrderedClaims || c.Wakeups == nil || c.NewLeaser != nil {
-		t.Errorf("SQLite capabilities %+v, want one claim at a time, ordered claims, a wake-up signal and no leaser", c)
+	if c := box.Capabilities(); c != (core.StoreCapabilities{OrderedClaims: true, MaxConcurrency: 1}) || box.Wakeups() == nil {
+		t.Errorf("SQLite capabilities %+v, wake-ups %p; want one claim at a time, ordered claims of every partition and a wake-up signal", c, box.Wakeups())
+	}
+	if _, err := box.NewLeaser(core.LeaserConfig{PartitionCount: 4}); !errors.Is(err, core.ErrUnsupported) {
+		t.Errorf("SQLite NewLeaser = %v, want core.ErrUnsupported", err)
 	}
 	e := newEnv(t, b, sqlxoutbox.Options{})
 	ctx := context.Background()

@@ -352,7 +352,7 @@ func TestRelayRepublishesReachNoConsumer(t *testing.T) {
 			}
 		}
 		wait.For(t, "no event pending", func() (bool, any) {
-			st, err := f.Store.Stats(t.Context())
+			st, err := f.Store.(core.StatsReader).Stats(t.Context())
 			if err != nil {
 				t.Fatal(err)
 			}
