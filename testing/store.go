@@ -566,23 +566,24 @@ func InvalidEvents() map[string]core.Event {
 // for the relay, but the lag monitor of every outbox in production reads
 // it, so the suite proves it.
 func statsReader(t *testing.T, f *StoreFixture) core.StatsReader {
-	t.Helper()
-	sr, ok := core.StoreAs[core.StatsReader](f.Store)
-	if !ok {
-		t.Fatalf("the store %T is no core.StatsReader: the suite proves the Stats that the lag monitor reads", f.Store)
-	}
-	return sr
+	return optional[core.StatsReader](t, f, "Stats, which the lag monitor reads")
 }
 
 // cleaner returns the fixture's store as a core.Cleaner, which retention
 // needs: the suite proves it.
 func cleaner(t *testing.T, f *StoreFixture) core.Cleaner {
+	return optional[core.Cleaner](t, f, "DeletePublished, which retention runs")
+}
+
+// optional returns the optional interface T of the fixture's store, and
+// fails the test, naming what the suite proves, when the store has none.
+func optional[T any](t *testing.T, f *StoreFixture, what string) T {
 	t.Helper()
-	c, ok := core.StoreAs[core.Cleaner](f.Store)
+	v, ok := core.StoreAs[T](f.Store)
 	if !ok {
-		t.Fatalf("the store %T is no core.Cleaner: the suite proves the DeletePublished that retention runs", f.Store)
+		t.Fatalf("the store %T is no %T: the suite proves its %s", f.Store, (*T)(nil), what)
 	}
-	return c
+	return v
 }
 
 func mustEnqueue(t *testing.T, f *StoreFixture, evs []core.Event, commit bool) {
