@@ -16,26 +16,23 @@ import (
 func TestValidateRefusesAndNames(t *testing.T) {
 	t.Parallel()
 	want := map[string]string{
-		"empty event type":              "EventType",
-		"payload not JSON":              "payload",
-		"ID not a UUID":                 "ID",
-		"payload with \\u0000":          `\u0000`,
-		"payload with a lone surrogate": "surrogate",
-		"payload not UTF-8":             "UTF-8",
-		"payload number out of range":   "numeric",
-		"payload over the limit":        "MaxPayloadBytes",
-		"NUL in event type":             "EventType",
-		"event type too long":           "255",
-		"aggregate type not UTF-8":      "AggregateType",
-		"aggregate id too long":         "AggregateID",
-		"NUL in aggregate id":           "AggregateID",
-		"header key too long":           "header key",
-		"NUL in header key":             "header key",
-		"empty header key":              "header key",
-		"header value not UTF-8":        "value of header",
-		"NUL in header value":           "value of header",
-		"too many headers":              "MaxHeaders",
-		"headers too large":             "MaxHeaderBytes",
+		"empty event type":         "EventType",
+		"payload not JSON":         "payload",
+		"ID not a UUID":            "ID",
+		"payload not UTF-8":        "UTF-8",
+		"payload over the limit":   "MaxPayloadBytes",
+		"NUL in event type":        "EventType",
+		"event type too long":      "255",
+		"aggregate type not UTF-8": "AggregateType",
+		"aggregate id too long":    "AggregateID",
+		"NUL in aggregate id":      "AggregateID",
+		"header key too long":      "header key",
+		"NUL in header key":        "header key",
+		"empty header key":         "header key",
+		"header value not UTF-8":   "value of header",
+		"NUL in header value":      "value of header",
+		"too many headers":         "MaxHeaders",
+		"headers too large":        "MaxHeaderBytes",
 	}
 	for name, ev := range outboxtest.InvalidEvents() {
 		before, _ := json.Marshal(ev)
@@ -53,22 +50,15 @@ func TestValidateRefusesAndNames(t *testing.T) {
 	}
 }
 
-func TestValidateAcceptsWhatJSONBTakes(t *testing.T) {
+// Validate takes any valid JSON (what one database cannot store its
+// dialect refuses: dialect.Dialect.CheckEvents) within the configured
+// limits.
+func TestValidatePayloads(t *testing.T) {
 	t.Parallel()
-	for _, p := range []string{
-		`null`, `{"a":[1,2.5,-3e10,"x"]}`, `"\ud83d\ude00"`, `"\\u0000"`, `"a\tb\u00e9"`,
-		`1e131071`, `-0.0e-5`, `0e1000000`, `0.` + strings.Repeat("0", 16382) + `1`, `12345678901234567890e131052`,
-		`{"k":"` + strings.Repeat("é", 1000) + `"}`,
-	} {
+	for _, p := range []string{`null`, `{"a":[1,2.5,-3e10,"x"]}`, `"\u0000"`, `"\ud800"`, `1e999999`} {
 		ev := core.Event{EventType: "t", Payload: json.RawMessage(p)}
 		if err := ev.Validate(core.Limits{}); err != nil {
 			t.Errorf("Validate(%.40q) = %v, want nil", p, err)
-		}
-	}
-	for _, p := range []string{`1e131072`, `1e-16384`, `0e-1000000`, `0.001e131075`, `"\udc00"`, `"\ud800x"`, `"\ud800\ud800"`, `1e99999999999999999999`} {
-		ev := core.Event{EventType: "t", Payload: json.RawMessage(p)}
-		if err := ev.Validate(core.Limits{}); !errors.Is(err, core.ErrInvalidEvent) {
-			t.Errorf("Validate(%.40q) = %v, want ErrInvalidEvent", p, err)
 		}
 	}
 	ev := core.Event{EventType: "t", Payload: json.RawMessage(`"` + strings.Repeat("x", 100) + `"`)}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 )
@@ -518,11 +520,60 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 			t.Errorf("invalid events were stored: %d", len(c.Events()))
 		}
 	})
+
+	// An event that one database cannot store (JSONBInvalidEvents) is
+	// refused before anything is written, or stored as it is: never
+	// written and refused by the database, which on PostgreSQL would abort
+	// the caller's transaction.
+	t.Run("EventsSomeDatabasesCannotStore", func(t *testing.T) {
+		t.Parallel()
+		f := newStore(t)
+		if f.EnqueueThenCommit == nil || f.Get == nil {
+			t.Fatal("StoreFixture needs EnqueueThenCommit and Get")
+		}
+		for name, ev := range JSONBInvalidEvents() {
+			ev.ID = uuid.Must(uuid.NewV7()).String()
+			enqErr, commitErr := f.EnqueueThenCommit(t.Context(), []core.Event{ev})
+			if commitErr != nil {
+				t.Errorf("%s: the caller's transaction could not commit after Enqueue (%v): %v", name, enqErr, commitErr)
+				continue
+			}
+			if enqErr != nil {
+				if !errors.Is(enqErr, core.ErrInvalidEvent) {
+					t.Errorf("%s: Enqueue = %v, want it stored or an error wrapping ErrInvalidEvent", name, enqErr)
+				}
+				if _, err := f.Get(t.Context(), ev.ID); !errors.Is(err, core.ErrEventNotFound) {
+					t.Errorf("%s: refused, yet stored (Get: %v)", name, err)
+				}
+				continue
+			}
+			if got := mustGet(t, f, ev.ID); string(got.Payload) != string(ev.Payload) {
+				t.Errorf("%s: stored payload %.60q, want %.60q as given", name, got.Payload, ev.Payload)
+			}
+		}
+	})
+}
+
+// JSONBInvalidEvents returns, by name, events that core.Event.Validate
+// accepts and that PostgreSQL's jsonb cannot store (dialect.Dialect.CheckEvents
+// names the rules). An adapter on PostgreSQL must refuse them with an error
+// wrapping core.ErrInvalidEvent before writing anything; one on a database
+// that keeps the payload as text may store them as they are.
+func JSONBInvalidEvents() map[string]core.Event {
+	ev := func(payload string) core.Event {
+		return core.Event{EventType: "suite.jsonb", AggregateType: "suite", AggregateID: "a-1", Payload: json.RawMessage(payload)}
+	}
+	return map[string]core.Event{
+		"payload with \\u0000":          ev(`{"s":"a\u0000b"}`),
+		"payload with a lone surrogate": ev(`{"s":"\ud800"}`),
+		"payload number out of range":   ev(`{"n":1e200000}`),
+	}
 }
 
 // InvalidEvents returns, by name, events that every adapter must refuse
 // with an error wrapping core.ErrInvalidEvent before writing anything: one
-// for each rule of core.Event.Validate under core.DefaultLimits.
+// for each rule of core.Event.Validate under core.DefaultLimits. What only
+// some databases refuse is in JSONBInvalidEvents.
 func InvalidEvents() map[string]core.Event {
 	ok := func(mod func(*core.Event)) core.Event {
 		ev := core.Event{EventType: "suite.invalid", AggregateType: "suite", AggregateID: "a-1", Payload: json.RawMessage(`{"n":1}`)}
@@ -535,13 +586,10 @@ func InvalidEvents() map[string]core.Event {
 		manyHeaders[fmt.Sprintf("h%d", i)] = "v"
 	}
 	return map[string]core.Event{
-		"empty event type":              ok(func(e *core.Event) { e.EventType = "" }),
-		"payload not JSON":              ok(func(e *core.Event) { e.Payload = json.RawMessage(`{not json`) }),
-		"ID not a UUID":                 ok(func(e *core.Event) { e.ID = "not-a-uuid" }),
-		"payload with \\u0000":          ok(func(e *core.Event) { e.Payload = json.RawMessage(`{"s":"a\u0000b"}`) }),
-		"payload with a lone surrogate": ok(func(e *core.Event) { e.Payload = json.RawMessage(`{"s":"\ud800"}`) }),
-		"payload not UTF-8":             ok(func(e *core.Event) { e.Payload = json.RawMessage("{\"s\":\"\xff\"}") }),
-		"payload number out of range":   ok(func(e *core.Event) { e.Payload = json.RawMessage(`{"n":1e200000}`) }),
+		"empty event type":  ok(func(e *core.Event) { e.EventType = "" }),
+		"payload not JSON":  ok(func(e *core.Event) { e.Payload = json.RawMessage(`{not json`) }),
+		"ID not a UUID":     ok(func(e *core.Event) { e.ID = "not-a-uuid" }),
+		"payload not UTF-8": ok(func(e *core.Event) { e.Payload = json.RawMessage("{\"s\":\"\xff\"}") }),
 		"payload over the limit": ok(func(e *core.Event) {
 			e.Payload = json.RawMessage(`"` + strings.Repeat("p", core.DefaultMaxPayloadBytes) + `"`)
 		}),

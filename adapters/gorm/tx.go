@@ -245,6 +245,9 @@ func (o *outbox) enqueue(db *gorm.DB, events []core.Event) error {
 	if err := core.PrepareEvents(ctx, events, o.limits, o.hooks); err != nil {
 		return fmt.Errorf("%w: %w", ErrEvents, err)
 	}
+	if err := o.q.Dialect().CheckEvents(events); err != nil {
+		return fmt.Errorf("%w: %w", ErrEvents, err)
+	}
 	cp := db.Statement.ConnPool
 	if t := txOf(cp); t != nil {
 		return t.add(events)

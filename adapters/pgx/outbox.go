@@ -211,6 +211,9 @@ func (o *Outbox) write(ctx context.Context, tx pgx.Tx, events []core.Event) erro
 	if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
 		return err
 	}
+	if err := dialect.Postgres.CheckEvents(events); err != nil {
+		return err
+	}
 	for start := 0; start < len(events); start += dialect.MaxInsertRows {
 		chunk := events[start:min(start+dialect.MaxInsertRows, len(events))]
 		if err := o.insert(ctx, tx, chunk); err != nil {
@@ -333,6 +336,9 @@ func (o *Outbox) ExecWithEvents(ctx context.Context, tx pgx.Tx, sql string, args
 		}
 	} else {
 		if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
+			return tag, err
+		}
+		if err := dialect.Postgres.CheckEvents(events); err != nil {
 			return tag, err
 		}
 		stmt, evArgs, err := o.q.InsertWith(sql, len(args), events)

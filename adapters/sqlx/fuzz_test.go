@@ -24,9 +24,9 @@ var fuzzDB struct {
 	box  *sqlxoutbox.Outbox
 }
 
-// FuzzValidEventsInsert proves the promise of core.Event.Validate against
-// PostgreSQL itself: whatever event Validate accepts, the outbox's INSERT
-// takes, so that no bad input reaches the database and aborts the caller's
+// FuzzValidEventsInsert proves the promise of core.Event.Validate and
+// dialect.Postgres.CheckEvents against PostgreSQL itself: whatever event
+// both accept, the outbox's INSERT takes, so that no bad input reaches the database and aborts the caller's
 // transaction. `go test` runs the seeds; `go test -fuzz FuzzValidEventsInsert
 // ./adapters/sqlx` explores (see docs/operations.md).
 func FuzzValidEventsInsert(f *testing.F) {
@@ -52,7 +52,7 @@ func FuzzValidEventsInsert(f *testing.F) {
 		if hk != "" || hv != "" {
 			ev.Headers = map[string]string{hk: hv}
 		}
-		if ev.Prepare() != nil {
+		if ev.Prepare() != nil || dialect.Postgres.CheckEvents([]core.Event{ev}) != nil {
 			return // refused before the database: nothing to prove
 		}
 		fuzzDB.once.Do(func() {

@@ -371,6 +371,9 @@ func (o *Outbox) write(ctx context.Context, tx Tx, events []core.Event, readBack
 	if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
 		return err
 	}
+	if err := o.d.CheckEvents(events); err != nil {
+		return err
+	}
 	for start := 0; start < len(events); start += dialect.MaxInsertRows {
 		chunk := events[start:min(start+dialect.MaxInsertRows, len(events))]
 		var err error
@@ -426,6 +429,9 @@ func (o *Outbox) ExecWithEvents(ctx context.Context, tx Tx, query string, args [
 		}
 	} else {
 		if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
+			return nil, err
+		}
+		if err := o.d.CheckEvents(events); err != nil {
 			return nil, err
 		}
 		stmt, evArgs, err := o.q.InsertWith(query, len(args), events)
