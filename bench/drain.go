@@ -199,7 +199,7 @@ func (b *bench) relayBatch(ctx context.Context, store core.Store) (func() (int, 
 		if err == nil && res.Published != res.Claimed {
 			err = fmt.Errorf("relay published %d of %d claimed", res.Published, res.Claimed)
 		}
-		return res.Published, err
+		return int(res.Published), err
 	}, nil
 }
 

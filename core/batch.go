@@ -16,31 +16,37 @@ import (
 //
 // In ordered mode the batch comes from the partitions the relay holds (all
 // of its workers' partitions) and is published in aggregate order.
-func (r *Relay) ProcessBatch(ctx context.Context) (BatchResult, error) {
-	return r.processBatch(ctx, -1)
+func (r *Relay) ProcessBatch(ctx context.Context) (RelayCounters, error) {
+	res, _, err := r.processBatch(ctx, -1)
+	return res, err
 }
 
-func (r *Relay) processBatch(ctx context.Context, worker int) (BatchResult, error) {
+// processBatch is ProcessBatch for one worker (-1: all of the relay's
+// partitions). idle: an ordered worker held no partition, so the store was
+// not asked; such a pass says nothing of the store's health.
+func (r *Relay) processBatch(ctx context.Context, worker int) (res RelayCounters, idle bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return BatchResult{}, err
+		return RelayCounters{}, false, err
 	}
 	req := ClaimRequest{Limit: r.opts.BatchSize}
 	if r.ordered {
 		oc, ok := r.orderedRequest(worker)
 		if !ok {
-			return BatchResult{idle: true}, nil // no partitions held (yet)
+			return RelayCounters{}, true, nil // no partitions held (yet)
 		}
 		req.Ordered = oc
 	}
 	claim, err := r.store.Claim(ctx, req)
 	if err != nil {
-		return BatchResult{}, fmt.Errorf("txoutbox: claim: %w", err)
+		return RelayCounters{}, false, fmt.Errorf("txoutbox: claim: %w", err)
 	}
 	events := claim.Events()
 	if len(events) == 0 {
-		return BatchResult{}, r.release(claim)
+		return RelayCounters{}, false, r.release(claim)
 	}
+	claimed := RelayCounters{Batches: 1, Claimed: int64(len(events))}
 	r.batches.Add(1)
+	r.claimed.Add(claimed.Claimed)
 
 	// The batch outlives a cancelled ctx by at most ShutdownTimeout, so that
 	// a shutdown does not turn a successful publish into a duplicate.
@@ -54,7 +60,6 @@ func (r *Relay) processBatch(ctx context.Context, worker int) (BatchResult, erro
 
 	var (
 		out Outcome
-		res BatchResult
 		rep batchReport
 		cut bool
 	)
@@ -73,18 +78,20 @@ func (r *Relay) processBatch(ctx context.Context, worker int) (BatchResult, erro
 		// Cut off by shutdown: outcomes are unknown, so mark nothing.
 		r.released.Add(int64(len(events)))
 		r.log.Warn("txoutbox: shutdown cut a batch off; it will be published again", "events", len(events))
-		return BatchResult{Claimed: len(events)}, r.release(claim)
+		claimed.Released = claimed.Claimed
+		return claimed, false, r.release(claim)
 	}
 	if err := claim.Commit(bctx, out); err != nil {
 		// Published but not marked: the claim is gone with its transaction,
 		// so the batch is published again. The inbox absorbs the duplicates.
-		return BatchResult{Claimed: len(events)}, fmt.Errorf("txoutbox: record outcome of %d events: %w", len(events), err)
+		return claimed, false, fmt.Errorf("txoutbox: record outcome of %d events: %w", len(events), err)
 	}
+	res.Batches = 1
 	r.logBatch(res, rep)
-	r.published.Add(int64(res.Published))
-	r.failed.Add(int64(res.Failed))
-	r.dead.Add(int64(res.DeadLettered))
-	return res, nil
+	r.published.Add(res.Published)
+	r.failed.Add(res.Failed)
+	r.dead.Add(res.DeadLettered)
+	return res, false, nil
 }
 
 func (r *Relay) release(c Claim) error {
@@ -176,14 +183,14 @@ func (b *batchReport) merge(o batchReport) {
 // log writes the batch's failures as at most two lines, and the broker's
 // state changes: a batch that published nothing and failed for reasons that
 // pass marks the broker down; one that published something marks it back.
-func (r *Relay) logBatch(res BatchResult, b batchReport) {
+func (r *Relay) logBatch(res RelayCounters, b batchReport) {
 	switch {
 	case res.Published > 0:
 		r.brokerDown.Store(false)
 		r.brokerLog.up(r.log)
 	case b.failed > b.permanent:
 		r.brokerDown.Store(true)
-		r.brokerLog.down(r.log, res.Claimed, b.firstErr)
+		r.brokerLog.down(r.log, int(res.Claimed), b.firstErr)
 	}
 	if b.first == nil {
 		return
@@ -206,7 +213,7 @@ func (r *Relay) logBatch(res BatchResult, b batchReport) {
 // outcome turns the publisher's error into the outcome of events: an error
 // marked Permanent dead-letters its event at once; any other is retried
 // after its backoff until the attempts run out.
-func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, BatchResult, batchReport) {
+func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, RelayCounters, batchReport) {
 	errs := EventErrors(pubErr, len(events))
 	if timedOut {
 		for i, err := range errs {
@@ -215,7 +222,7 @@ func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, B
 			}
 		}
 	}
-	res := BatchResult{Claimed: len(events)}
+	res := RelayCounters{Claimed: int64(len(events))}
 	var rep batchReport
 	out := Outcome{Published: make([]int64, 0, len(events))}
 	for i := range events {
@@ -241,7 +248,7 @@ func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, B
 		r.log.Debug("txoutbox: publish failed", "event_id", ev.ID, "seq", ev.Seq, "event_type", ev.EventType,
 			"aggregate_id", ev.AggregateID, "attempt", attempts, "dead", f.Dead, "permanent", permanent, "error", f.Err)
 	}
-	res.Published = len(out.Published)
+	res.Published = int64(len(out.Published))
 	return out, res, rep
 }
 
@@ -251,7 +258,7 @@ func (r *Relay) outcome(events []Event, pubErr error, timedOut bool) (Outcome, B
 // Concurrency workers, each until its own claim comes back empty, as Run
 // would; in ordered mode one batch at a time covers every partition. The
 // first error cancels the other workers and is returned.
-func (r *Relay) Drain(ctx context.Context) (BatchResult, error) {
+func (r *Relay) Drain(ctx context.Context) (RelayCounters, error) {
 	defer r.brokerLog.flush(r.log)
 	workers := r.opts.Concurrency
 	if r.ordered || workers < 1 {
@@ -261,7 +268,7 @@ func (r *Relay) Drain(ctx context.Context) (BatchResult, error) {
 	defer cancel()
 	var (
 		mu       sync.Mutex
-		total    BatchResult
+		total    RelayCounters
 		firstErr error
 		wg       sync.WaitGroup
 	)
@@ -272,10 +279,7 @@ func (r *Relay) Drain(ctx context.Context) (BatchResult, error) {
 			for {
 				res, err := r.ProcessBatch(ctx)
 				mu.Lock()
-				total.Claimed += res.Claimed
-				total.Published += res.Published
-				total.Failed += res.Failed
-				total.DeadLettered += res.DeadLettered
+				total.add(res)
 				if err != nil && firstErr == nil {
 					firstErr = err
 					cancel()

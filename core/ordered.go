@@ -245,7 +245,7 @@ func (r *Relay) orderedRequest(worker int) (*OrderedClaim, bool) {
 // aggregate whose event fails drops out; its later events are left out of
 // the outcome, so the store releases them unchanged. cut reports that the
 // batch was cut off by shutdown (outcomes unknown).
-func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome, res BatchResult, rep batchReport, cut bool) {
+func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome, res RelayCounters, rep batchReport, cut bool) {
 	// Per aggregate, in Seq order: the claim's order may differ (a
 	// retried event has a later next_attempt_at).
 	var groups [][]Event
@@ -265,7 +265,7 @@ func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome
 		}
 		groups[g] = append(groups[g], ev)
 	}
-	res.Claimed = len(events)
+	res.Claimed = int64(len(events))
 	// One timeout for all rounds: it bounds how long the batch holds its
 	// partitions. Only ctx (shutdown) cuts the batch off; a timeout fails
 	// the events not yet sent, so that they wait out their backoff instead
@@ -287,7 +287,7 @@ func (r *Relay) publishOrdered(ctx context.Context, events []Event) (out Outcome
 		}
 		err := r.publish(pctx, batch)
 		if ctx.Err() != nil {
-			return Outcome{}, BatchResult{Claimed: len(events)}, batchReport{}, true
+			return Outcome{}, RelayCounters{}, batchReport{}, true
 		}
 		o, rr, rp := r.outcome(batch, err, publishTimedOut(pctx))
 		rep.merge(rp)

@@ -53,7 +53,7 @@ func TestPublishTimeoutFailsUnsentEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res != (core.BatchResult{Claimed: 3, Published: 1, Failed: 2}) {
+	if res != (core.RelayCounters{Batches: 1, Claimed: 3, Published: 1, Failed: 2}) {
 		t.Errorf("result %+v, want 1 published and 2 failed", res)
 	}
 	if ev := s.get(1); ev.PublishedAt == nil {
@@ -125,7 +125,7 @@ func TestPublishTimeoutOrderedFailsLaterRounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res != (core.BatchResult{Claimed: 4, Published: 2, Failed: 2}) || published.Load() != 2 {
+	if res != (core.RelayCounters{Batches: 1, Claimed: 4, Published: 2, Failed: 2}) || published.Load() != 2 {
 		t.Errorf("result %+v (publisher sent %d), want round one published and round two failed", res, published.Load())
 	}
 	if c := r.Counters(); c.Released != 0 {

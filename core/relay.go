@@ -10,24 +10,27 @@ import (
 	"time"
 )
 
-// RelayCounters are running totals of a Relay, for logs and tests.
+// RelayCounters count what a Relay did: its running totals
+// (Relay.Counters), one batch (ProcessBatch) or one Drain. A batch whose
+// outcome could not be recorded counts as claimed only: it is claimed and
+// published again.
 type RelayCounters struct {
 	Batches      int64 // claims that returned at least one event
+	Claimed      int64 // events those claims returned
 	Published    int64 // events the broker accepted
 	Failed       int64 // failed attempts, dead-lettering ones included
 	DeadLettered int64 // events that exhausted their attempts
 	Released     int64 // events given back unmarked (shutdown cut a batch off)
 }
 
-// BatchResult describes one claimed and processed batch.
-type BatchResult struct {
-	Claimed      int
-	Published    int
-	Failed       int
-	DeadLettered int
-	// idle: an ordered worker held no partition, so the store was not
-	// asked; such a pass says nothing of the store's health.
-	idle bool
+// add adds o to c.
+func (c *RelayCounters) add(o RelayCounters) {
+	c.Batches += o.Batches
+	c.Claimed += o.Claimed
+	c.Published += o.Published
+	c.Failed += o.Failed
+	c.DeadLettered += o.DeadLettered
+	c.Released += o.Released
 }
 
 // Relay moves events from a Store to a Publisher: it claims due events in
@@ -54,7 +57,7 @@ type Relay struct {
 	ordered bool // resolved from opts.Ordering at NewRelay
 	running atomic.Bool
 
-	batches, published, failed, dead, released atomic.Int64
+	batches, claimed, published, failed, dead, released atomic.Int64
 
 	// brokerDown and storeDown turn a dependency's outage into two log
 	// lines (down, back) instead of one per batch or per event.
@@ -151,6 +154,7 @@ func (r *Relay) Health() RelayHealth {
 func (r *Relay) Counters() RelayCounters {
 	return RelayCounters{
 		Batches:      r.batches.Load(),
+		Claimed:      r.claimed.Load(),
 		Published:    r.published.Load(),
 		Failed:       r.failed.Load(),
 		DeadLettered: r.dead.Load(),
@@ -266,9 +270,9 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 	leaseWait := time.Duration(0)
 	for {
 		start := time.Now()
-		res, err := r.processBatch(ctx, worker)
+		res, idle, err := r.processBatch(ctx, worker)
 		if err == nil {
-			cooldown = r.nextCooldown(cooldown, res.Claimed)
+			cooldown = r.nextCooldown(cooldown, int(res.Claimed))
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -277,18 +281,18 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 			log.Error("txoutbox: relay stopped", "error", err)
 			return err
 		}
-		if err != nil || !res.idle {
+		if err != nil || !idle {
 			// A worker without partitions did not reach the store: it must
 			// not announce the store back (its leases may have lapsed
 			// because the store is down).
 			r.storeState(err, log)
 		}
 		var wait time.Duration
-		if err != nil || !res.idle {
+		if err != nil || !idle {
 			leaseWait = 0
 		}
 		switch {
-		case err == nil && res.idle:
+		case err == nil && idle:
 			// No partition held yet (the leaser is still acquiring, or
 			// another relay holds them all): look again soon, not after
 			// the poll interval. The leaser wakes no worker when it
@@ -300,7 +304,7 @@ func (r *Relay) work(ctx context.Context, worker int, log *slog.Logger) error {
 		case err != nil:
 			errWait = min(max(2*errWait, 100*time.Millisecond), 5*time.Second, r.opts.PollInterval)
 			wait = errWait
-		case res.Claimed == r.opts.BatchSize:
+		case res.Claimed == int64(r.opts.BatchSize):
 			errWait = 0
 			continue // a full batch: more is probably waiting
 		case res.Claimed > 0 && grace < len(wakeGrace):

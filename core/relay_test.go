@@ -111,8 +111,11 @@ func TestProcessBatchRecordsEachOutcome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res != (core.BatchResult{Claimed: 5, Published: 4, Failed: 1}) {
+	if res != (core.RelayCounters{Batches: 1, Claimed: 5, Published: 4, Failed: 1}) {
 		t.Errorf("result %+v", res)
+	}
+	if c := r.Counters(); c != res {
+		t.Errorf("running totals %+v after one batch, want the batch's %+v", c, res)
 	}
 	f := s.get(3)
 	if f.PublishedAt != nil || f.AttemptCount != 1 || f.LastError != "nope" || f.NextAttemptAt.Sub(f.CreatedAt) < 59*time.Minute {

@@ -32,7 +32,7 @@ func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res != (core.BatchResult{Claimed: 3, Published: 2, Failed: 1, DeadLettered: 1}) {
+	if res != (core.RelayCounters{Batches: 1, Claimed: 3, Published: 2, Failed: 1, DeadLettered: 1}) {
 		t.Errorf("result %+v, want 2 published and 1 dead-lettered at its first attempt", res)
 	}
 	ev := s.get(2)

@@ -85,7 +85,7 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		if err != nil {
 			t.Fatalf("Drain: %v", err)
 		}
-		if res.Published != len(committed) {
+		if res.Published != int64(len(committed)) {
 			t.Errorf("published %d, want %d", res.Published, len(committed))
 		}
 		for _, ev := range committed {

@@ -62,7 +62,7 @@ func BenchmarkDrain(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				relayN += res.Published
+				relayN += int(res.Published)
 				relayDone = res.Claimed == 0
 			}
 			if !rawDone {

@@ -528,7 +528,7 @@ func (a *app) awaitDependency(ctx context.Context, what, name string, failFast b
 // drain publishes what is due with the relay's workers (core.Relay.Drain),
 // then returns; on a terminal it shows the progress against the pending
 // count it started with, elsewhere a line every few seconds.
-func (a *app) drain(ctx context.Context, relay *core.Relay, ob *sqlxoutbox.Outbox) (core.BatchResult, error) {
+func (a *app) drain(ctx context.Context, relay *core.Relay, ob *sqlxoutbox.Outbox) (core.RelayCounters, error) {
 	var total int64 = -1
 	if s, err := ob.Stats(ctx); err == nil {
 		total = s.Pending
