@@ -21,6 +21,7 @@ quickstart:
 	go run ./examples/quickstart
 
 # Prints the performance table against the PostgreSQL that `make services`
-# starts, and writes it to docs/benchmarks.md (see docs/performance.md).
+# starts, and writes it to docs/benchmarks.md and the README's comparison
+# (see docs/performance.md).
 bench: services
-	. .services/env && go run ./bench -markdown docs/benchmarks.md
+	. .services/env && go run ./bench -markdown docs/benchmarks.md -readme README.md

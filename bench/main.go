@@ -5,6 +5,7 @@
 //	go run ./bench -dsn postgres://postgres@127.0.0.1:24432/postgres?sslmode=disable
 //	go run ./bench -quick          # smaller sizes, about a minute
 //	go run ./bench -markdown docs/benchmarks.md   # and write the table as a page
+//	go run ./bench -markdown docs/benchmarks.md -readme README.md # and the README's comparison
 //
 // The DSN (default $TXOUTBOX_PG_DSN) must be allowed to CREATE DATABASE: the
 // command makes a fresh database for its run and drops it at the end (-keep
@@ -139,6 +140,7 @@ func main() {
 	cooldown := flag.Duration("cooldown", 0, "c, d: the relays' Cooldown between claims (default the relay's, 1ms; negative: none)")
 	verbose := flag.Bool("v", false, "progress on stderr")
 	markdown := flag.String("markdown", "", "also write the table as a Markdown page to this file (docs/benchmarks.md)")
+	readme := flag.String("readme", "", "also rewrite the comparison of this README (README.md) from the run's table; needs every scenario")
 	flag.Parse()
 
 	c := defaults(*quick)
@@ -170,6 +172,12 @@ func main() {
 	}
 	if *markdown != "" {
 		if err := os.WriteFile(*markdown, []byte(markdownPage(os.Args[1:], table.String())), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+	}
+	if *readme != "" {
+		if err := writeHeadline(*readme, table.String()); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
