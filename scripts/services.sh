@@ -8,8 +8,8 @@
 #
 # Services: PostgreSQL 15 (throwaway cluster, durable: the benchmarks run on it), MariaDB
 # 10.11 (Debian's mariadb-server, a throwaway datadir, durable too, with its binlog),
-# RabbitMQ (Debian's rabbitmq-server, three nodes with their own names and ports: the
-# second and third for the tests that stop the broker), the goaws SNS/SQS
+# RabbitMQ (Debian's rabbitmq-server, two nodes with their own names and ports: the
+# second for the tests that stop the broker), the goaws SNS/SQS
 # emulator and the gofakes3 S3 server (each built from its Go module), and
 # nats-server with JetStream on disk (Debian's nats-server), and PgBouncer
 # (Debian's pgbouncer) in transaction pooling mode in front of PostgreSQL,
@@ -37,15 +37,11 @@ case "${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}" in
 	;;
 esac
 RABBIT_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}@localhost
-# Two more RabbitMQ nodes for the tests that stop the broker (TestOutage*):
-# make test runs them in two groups beside each other, one on each node,
-# while the other tests keep the first node.
+# A second RabbitMQ node for the tests that stop the broker (TestOutage*):
+# make test runs them beside the others, which keep the first node.
 OUTAGE_AMQP_PORT=${TXOUTBOX_OUTAGE_AMQP_PORT:-24682}
 OUTAGE_AMQP_DIST_PORT=${TXOUTBOX_OUTAGE_AMQP_DIST_PORT:-24683}
 OUTAGE_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}-outage@localhost
-OUTAGE2_AMQP_PORT=${TXOUTBOX_OUTAGE2_AMQP_PORT:-24684}
-OUTAGE2_AMQP_DIST_PORT=${TXOUTBOX_OUTAGE2_AMQP_DIST_PORT:-24685}
-OUTAGE2_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}-outage2@localhost
 PGBIN=/usr/lib/postgresql/15/bin
 # The cluster lives outside the checkout: the postgres user must reach it,
 # and a checkout under /root is closed to that user.
@@ -479,13 +475,10 @@ export TXOUTBOX_PGBOUNCER_RESTARTS='$PG_DIR/pgbouncer/restarts.log'
 export TXOUTBOX_PGBOUNCER_GATE_LOG='$PG_DIR/pgbouncer/gate.log'
 export TXOUTBOX_S3_URL='s3://txoutbox?endpoint=http://127.0.0.1:$S3_PORT&use_path_style=true&region=us-east-1&anonymous=true'
 export TXOUTBOX_RABBITMQ_ENV='$(rabbit_env "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq")'
-# The nodes the outage tests stop and start (make test points them at them).
+# The node the outage tests stop and start (make test points them at it).
 export TXOUTBOX_OUTAGE_AMQP_URL='amqp://guest:guest@127.0.0.1:$OUTAGE_AMQP_PORT/'
 export TXOUTBOX_OUTAGE_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $OUTAGE_NODE'
 export TXOUTBOX_OUTAGE_RABBITMQ_ENV='$(rabbit_env "$OUTAGE_NODE" "$OUTAGE_AMQP_PORT" "$OUTAGE_AMQP_DIST_PORT" "$SVC/rabbitmq-outage")'
-export TXOUTBOX_OUTAGE2_AMQP_URL='amqp://guest:guest@127.0.0.1:$OUTAGE2_AMQP_PORT/'
-export TXOUTBOX_OUTAGE2_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $OUTAGE2_NODE'
-export TXOUTBOX_OUTAGE2_RABBITMQ_ENV='$(rabbit_env "$OUTAGE2_NODE" "$OUTAGE2_AMQP_PORT" "$OUTAGE2_AMQP_DIST_PORT" "$SVC/rabbitmq-outage2")'
 ENV
 	log "environment in $SVC/env"
 }
@@ -496,7 +489,6 @@ stop_all() {
 	fi
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBIT_NODE" stop >&2 2>/dev/null || true
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$OUTAGE_NODE" stop >&2 2>/dev/null || true
-	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$OUTAGE2_NODE" stop >&2 2>/dev/null || true
 	stop_goaws
 	stop_s3
 	stop_nats
@@ -514,7 +506,6 @@ start)
 	start_mariadb
 	start_rabbitmq "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq" AMQP
 	start_rabbitmq "$OUTAGE_NODE" "$OUTAGE_AMQP_PORT" "$OUTAGE_AMQP_DIST_PORT" "$SVC/rabbitmq-outage" OUTAGE_AMQP
-	start_rabbitmq "$OUTAGE2_NODE" "$OUTAGE2_AMQP_PORT" "$OUTAGE2_AMQP_DIST_PORT" "$SVC/rabbitmq-outage2" OUTAGE2_AMQP
 	start_goaws
 	start_s3
 	start_nats

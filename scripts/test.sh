@@ -105,11 +105,10 @@ cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 # Two lanes run beside each other: the fault matrix
 # (internal/testkit/faultmatrix, the longest package, mostly waiting) and
 # the other packages. The tests named TestOutage*, which stop the RabbitMQ
-# server, then run in whichever lane finishes first, in two groups beside
-# each other, each one package at a time against a RabbitMQ node of its
-# own (services.sh) that no other test uses (run as a third lane from the
-# start, they made the whole run slower: a RabbitMQ node that restarts on
-# a saturated machine restarts slowly). A
+# server, then run one package at a time against a second RabbitMQ node
+# (services.sh) that no other test uses, in whichever lane finishes first
+# (run as a third lane from the start, they made the whole run slower: a
+# RabbitMQ node that restarts on a saturated machine restarts slowly). A
 # test that stops a server of its own (Kafka's kfake, the SNS tests' front)
 # is not named so and runs with the others. go vet and govulncheck run
 # beside them at the lowest CPU priority. The waits of the tests judge
@@ -138,30 +137,12 @@ parallel=${TXOUTBOX_TEST_PARALLEL:-4}
 matrix_parallel=${TXOUTBOX_MATRIX_PARALLEL:-3}
 outage=$(git grep -l '^func TestOutage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
 rm -rf .services/outage.claim
-# outage_group NAME N PACKAGES... runs the outage tests of PACKAGES, one
-# package at a time, against outage node N (services.sh) and writes
-# .services/test-NAME.json.
-outage_group() {
-	local name=$1 n=$2
-	shift 2
-	local url=TXOUTBOX_OUTAGE${n}_AMQP_URL ctl=TXOUTBOX_OUTAGE${n}_RABBITMQCTL env=TXOUTBOX_OUTAGE${n}_RABBITMQ_ENV
-	TXOUTBOX_AMQP_URL=${!url} TXOUTBOX_RABBITMQCTL=${!ctl} TXOUTBOX_RABBITMQ_ENV=${!env} \
-		"${gotest[@]}" -timeout "$timeout" -p 1 "${cpuexec[@]}" -json -run '^TestOutage' "$@" >".services/test-$name.json" 2>&1 || true
-}
 outage_tests() {
 	# mkdir is atomic: the first lane to finish claims the outage tests.
 	mkdir .services/outage.claim 2>/dev/null || return 0
-	# Two groups, each on a node of its own, beside each other: the
-	# tests mostly wait for a node to stop and start again. The first
-	# group is the first package (brokers/amqp), the second the rest.
 	# shellcheck disable=SC2086
-	set -- $outage
-	local first=$1
-	shift
-	outage_group outage "" "$first" &
-	local a=$!
-	outage_group outage2 2 "$@"
-	wait "$a" || true
+	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
+		"${gotest[@]}" -timeout "$timeout" -p 1 "${cpuexec[@]}" -json -run '^TestOutage' $outage >.services/test-outage.json 2>&1 || true
 	stage "outage tests done"
 }
 (
@@ -202,10 +183,10 @@ wait "$faults" || true
 ) &
 leftovers=$!
 failed=0
-for r in .services/test.json .services/test-faults.json .services/test-outage.json .services/test-outage2.json; do
+for r in .services/test.json .services/test-faults.json .services/test-outage.json; do
 	.services/bin/testreport -top 0 <"$r" || failed=1
 done
-cat .services/test.json .services/test-faults.json .services/test-outage.json .services/test-outage2.json | .services/bin/testreport -top 10 | sed -n "/^The [0-9]* slowest tests/,\$p" || true
+cat .services/test.json .services/test-faults.json .services/test-outage.json | .services/bin/testreport -top 10 | sed -n "/^The [0-9]* slowest tests/,\$p" || true
 .services/bin/cpuexec -report 10 <.services/cpu.log || true
 # The servers' CPU (their own and that of the children they reaped:
 # PostgreSQL's backends), which the tests' figures above leave out.
