@@ -1,6 +1,7 @@
 package dialect
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/txoutbox/txoutbox/core"
@@ -12,8 +13,8 @@ import (
 // more: its jsonb payload column takes no \u0000 escape, no unpaired
 // surrogate escape and no number beyond numeric's range, and the refused
 // INSERT would abort the caller's transaction. MySQL, MariaDB and SQLite
-// store the payload as text. Adapters call it after core.PrepareEvents,
-// before anything is written.
+// store the payload as text. Adapters run it with core.PrepareEvents
+// through PrepareEvents, before anything is written.
 func (d Dialect) CheckEvents(events []core.Event) error {
 	if d.kind != kindPostgres {
 		return nil
@@ -24,6 +25,17 @@ func (d Dialect) CheckEvents(events []core.Event) error {
 		}
 	}
 	return nil
+}
+
+// PrepareEvents is core.PrepareEvents (defaults, hooks, validation against
+// limits) followed by CheckEvents: everything an adapter on d checks before
+// it writes events, in one call so that no write path forgets the
+// database's own rules.
+func (d Dialect) PrepareEvents(ctx context.Context, events []core.Event, limits core.Limits, hooks []core.EnqueueHook) error {
+	if err := core.PrepareEvents(ctx, events, limits, hooks); err != nil {
+		return err
+	}
+	return d.CheckEvents(events)
 }
 
 // PostgreSQL's numeric, which jsonb stores numbers in, holds at most 131072

@@ -242,10 +242,7 @@ func inTransaction(cp gorm.ConnPool) bool {
 // manage (one begun on a *sql.Conn of db.Connection), writes them at once.
 func (o *outbox) enqueue(db *gorm.DB, events []core.Event) error {
 	ctx := db.Statement.Context
-	if err := core.PrepareEvents(ctx, events, o.limits, o.hooks); err != nil {
-		return fmt.Errorf("%w: %w", ErrEvents, err)
-	}
-	if err := o.q.Dialect().CheckEvents(events); err != nil {
+	if err := o.q.Dialect().PrepareEvents(ctx, events, o.limits, o.hooks); err != nil {
 		return fmt.Errorf("%w: %w", ErrEvents, err)
 	}
 	cp := db.Statement.ConnPool

@@ -208,10 +208,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...core.Event) e
 
 // write is Enqueue without the notification.
 func (o *Outbox) write(ctx context.Context, tx pgx.Tx, events []core.Event) error {
-	if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
-		return err
-	}
-	if err := dialect.Postgres.CheckEvents(events); err != nil {
+	if err := dialect.Postgres.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
 		return err
 	}
 	for start := 0; start < len(events); start += dialect.MaxInsertRows {
@@ -335,10 +332,7 @@ func (o *Outbox) ExecWithEvents(ctx context.Context, tx pgx.Tx, sql string, args
 			return tag, err
 		}
 	} else {
-		if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
-			return tag, err
-		}
-		if err := dialect.Postgres.CheckEvents(events); err != nil {
+		if err := dialect.Postgres.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
 			return tag, err
 		}
 		stmt, evArgs, err := o.q.InsertWith(sql, len(args), events)

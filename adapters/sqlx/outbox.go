@@ -368,10 +368,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx Tx, events ...core.Event) error
 
 // write is Enqueue without the notification.
 func (o *Outbox) write(ctx context.Context, tx Tx, events []core.Event, readBack bool) error {
-	if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
-		return err
-	}
-	if err := o.d.CheckEvents(events); err != nil {
+	if err := o.d.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
 		return err
 	}
 	for start := 0; start < len(events); start += dialect.MaxInsertRows {
@@ -428,10 +425,7 @@ func (o *Outbox) ExecWithEvents(ctx context.Context, tx Tx, query string, args [
 			return nil, err
 		}
 	} else {
-		if err := core.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
-			return nil, err
-		}
-		if err := o.d.CheckEvents(events); err != nil {
+		if err := o.d.PrepareEvents(ctx, events, o.limits, o.opts.Hooks); err != nil {
 			return nil, err
 		}
 		stmt, evArgs, err := o.q.InsertWith(query, len(args), events)
