@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -36,32 +37,27 @@ const (
 )
 
 // headlineTable returns the README's comparison taken from table, the
-// benchmark's Markdown table, or an error naming a row it lacks (a
-// scenario renamed, or a run with -only that left it out).
+// benchmark's Markdown table (each label from the first row whose scenario
+// starts with its own), or an error naming a row it lacks (a scenario
+// renamed, or a run with -only that left it out).
 func headlineTable(table string) (string, error) {
-	cells := map[string][]string{}
+	var rows [][]string // the table's rows, in its order, split into cells
 	for _, line := range strings.Split(table, "\n") {
 		if !strings.HasPrefix(line, "| ") {
 			continue
 		}
-		c := strings.Split(strings.Trim(line, "| "), " | ")
-		if len(c) >= 4 {
-			cells[c[0]] = c
+		if c := strings.Split(strings.Trim(line, "| "), " | "); len(c) >= 4 {
+			rows = append(rows, c)
 		}
 	}
 	var b strings.Builder
 	b.WriteString("| scenario | ratio |\n|---|---|\n")
 	for _, h := range headline {
-		var found []string
-		for scenario, c := range cells {
-			if strings.HasPrefix(scenario, h.scenario) {
-				found = c
-				break
-			}
-		}
-		if found == nil {
+		i := slices.IndexFunc(rows, func(c []string) bool { return strings.HasPrefix(c[0], h.scenario) })
+		if i < 0 {
 			return "", fmt.Errorf("the benchmark table has no row %q for the README's %q", h.scenario, h.label)
 		}
+		found := rows[i]
 		ratio := found[3]
 		if h.withValue {
 			ratio += " (" + found[1] + ")"
