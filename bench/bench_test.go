@@ -71,6 +71,7 @@ func TestQuickRun(t *testing.T) {
 		"| f  producer tx/s, Enqueue in a pgx.Tx", "| f' producer tx/s, ExecWithEvents in a pgx.Tx", "| f  relay drain on the pgxpool store",
 		"| l  log-mode drain vs table mode", "| l  log-mode drain vs Watermill", "| l' log-mode drain vs reading the slot alone",
 		"| l' the same, streaming only", "| l' time to the first event", "| l' log-mode drain, position confirmed at once",
+		"| l' log-mode drain into Kafka (kfake, in process), transactional",
 		"| l  relay writes to the outbox table per event", "| l  log-mode latency p50", "| l  log-mode latency p99",
 		"| l  producer tx/s in log mode (ExecWithEvents) vs without", "| l' producer tx/s in log mode vs table mode", "| l' producer tx/s in log mode with a log relay",
 		"| r  drain of an equal 500 backlog, txoutbox (batch 500, 2 workers) vs River defaults", "| r  drain of an equal 500 backlog, txoutbox (batch 500, 2 workers) vs River tuned",

@@ -14,8 +14,10 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	sqlxoutbox "github.com/txoutbox/txoutbox/adapters/sqlx"
+	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/logmode"
 	"github.com/txoutbox/txoutbox/logrelay"
@@ -55,11 +57,31 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 	// position only with the status it sends every second: what the
 	// prompt confirmation (the default) costs the drain.
 	lazy := logrelay.Names{Table: logTable, Slot: "bench_lazy_" + suffix, Publication: "bench_log"}
-	for _, n := range []logrelay.Names{names, raw, lazy} {
+	// Two more, drained into Kafka (kfake, in this process): by the plain
+	// publisher and by the transactional one, which publishes each batch
+	// in a transaction with its position.
+	kplain := logrelay.Names{Table: logTable, Slot: "bench_kplain_" + suffix, Publication: "bench_log"}
+	ktx := logrelay.Names{Table: logTable, Slot: "bench_ktx_" + suffix, Publication: "bench_log"}
+	for _, n := range []logrelay.Names{names, raw, lazy, kplain, ktx} {
 		if err := setup(n); err != nil {
 			return nil, err
 		}
 	}
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
+	if err != nil {
+		return nil, err
+	}
+	defer kc.Close()
+	kafkaDrain := func(names logrelay.Names, tx *kafkabroker.Transactional) (float64, error) {
+		pub, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: kc.ListenAddrs(), Transactional: tx})
+		if err != nil {
+			return 0, err
+		}
+		defer pub.Close()
+		d, err := b.logDrainTo(ctx, names, b.c.Backlog, false, 0, pub)
+		return d.rate, err
+	}
+	var kafkaPlain, kafkaTx, vsPlain []float64
 
 	// Drain: the same backlog for each, taking turns, round by round.
 	var logRates, tableRates, rawRates, lazyRates, vsTable, vsRaw, vsLazy []float64
@@ -76,7 +98,7 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 		// decodes all the WAL a slot has not confirmed, the table-mode
 		// drain's too, and a slot left further behind (the raw reader
 		// confirms only at its end) would pay for more of it.
-		if err := b.advanceSlots(ctx, names, lazy, raw); err != nil {
+		if err := b.advanceSlots(ctx, names, lazy, raw, kplain, ktx); err != nil {
 			return nil, err
 		}
 		if err := b.logFill(ctx, b.c.Backlog); err != nil {
@@ -103,6 +125,19 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 			return nil, err
 		}
 		rr := rd.rate
+		var kp, kt float64
+		for _, tx := range []bool{round%2 == 0, round%2 != 0} {
+			if !tx {
+				if kp, err = kafkaDrain(kplain, nil); err != nil {
+					return nil, fmt.Errorf("kafka drain: %w", err)
+				}
+				continue
+			}
+			if kt, err = kafkaDrain(ktx, &kafkabroker.Transactional{ID: "bench-" + suffix}); err != nil {
+				return nil, fmt.Errorf("kafka drain, transactional: %w", err)
+			}
+		}
+		kafkaPlain, kafkaTx, vsPlain = append(kafkaPlain, kp), append(kafkaTx, kt), append(vsPlain, kt/kp)
 		logStream, rawStream, vsRawStream = append(logStream, ld.streaming), append(rawStream, rd.streaming), append(vsRawStream, ld.streaming/rd.streaming)
 		logFirst, rawFirst = append(logFirst, ms(ld.first)), append(rawFirst, ms(rd.first))
 		b.log.Info("log drain", "round", round, "log_per_s", int(lr), "lazy_confirm_per_s", int(lz), "table_per_s", int(tr), "raw_slot_per_s", int(rr))
@@ -133,6 +168,8 @@ func (b *bench) logScenario(ctx context.Context) ([]row, error) {
 			value: median(logFirst), baseline: median(rawFirst), unit: "ms", ratioX: true, target: "—"},
 		row{name: "l' log-mode drain, position confirmed at once (the default) vs only with the status sent every second (ConfirmInterval 1h)",
 			value: median(logRates), baseline: median(lazyRates), ratios: vsLazy, unit: "/s", target: "—"},
+		row{name: fmt.Sprintf("l' log-mode drain into Kafka (kfake, in process), transactional (exactly once) vs plain, equal %s backlog", backlog),
+			value: median(kafkaTx), baseline: median(kafkaPlain), ratios: vsPlain, unit: "/s", target: "—"},
 		row{name: "l  relay writes to the outbox table per event in log mode (rows written / events drained)",
 			value: float64(writes) / float64(b.c.Backlog*b.c.Rounds), unit: "x", target: "0", pass: writes == 0, verdict: true},
 	)
@@ -260,16 +297,25 @@ type logDrain struct {
 }
 
 // logDrainRate runs a fresh log relay until it published n events from its
-// slot. With BENCH_LOG_PROFILE set (a file name), the first drain is
-// CPU-profiled.
+// slot, to an in-memory publisher. With BENCH_LOG_PROFILE set (a file
+// name), the first drain is CPU-profiled.
 func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, first bool, confirmInterval time.Duration) (logDrain, error) {
+	return b.logDrainTo(ctx, names, n, first, confirmInterval, nil)
+}
+
+// logDrainTo is logDrainRate to out (nil: an in-memory publisher, which
+// alone measures the streaming rate and the first event's time).
+func (b *bench) logDrainTo(ctx context.Context, names logrelay.Names, n int, first bool, confirmInterval time.Duration, out core.Publisher) (logDrain, error) {
 	var d logDrain
 	store, err := b.store(b.db, names.Table, sqlxoutbox.Options{})
 	if err != nil {
 		return d, err
 	}
 	pub := &memPublisher{}
-	r, err := logrelay.New(store, pub, logrelay.Options{ConnString: b.dsn, Names: names, ConfirmInterval: confirmInterval, Options: logmode.Options{Relay: core.RelayOptions{BatchSize: backlogBatchSize, Logger: b.quiet}}})
+	if out == nil {
+		out = pub
+	}
+	r, err := logrelay.New(store, out, logrelay.Options{ConnString: b.dsn, Names: names, ConfirmInterval: confirmInterval, Options: logmode.Options{Relay: core.RelayOptions{BatchSize: backlogBatchSize, Logger: b.quiet}}})
 	if err != nil {
 		return d, err
 	}
@@ -302,8 +348,11 @@ func (b *bench) logDrainRate(ctx context.Context, names logrelay.Names, n int, f
 	}
 	end := time.Now()
 	el := end.Sub(start)
-	firstAt, streaming := pub.streamed(end)
-	d.rate, d.streaming, d.first = float64(n)/el.Seconds(), streaming, firstAt.Sub(start)
+	d.rate = float64(n) / el.Seconds()
+	if out == core.Publisher(pub) {
+		firstAt, streaming := pub.streamed(end)
+		d.streaming, d.first = streaming, firstAt.Sub(start)
+	}
 	// Let it confirm, so that the next round starts past this backlog.
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {

@@ -33,6 +33,11 @@ type PublisherCapabilities struct {
 	// SNS FIFO message groups). Under OrderingAuto a relay runs in ordered
 	// mode when it is set.
 	PreservesAggregateOrder bool
+	// StoresPositions: the publisher is a PositionPublisher that stores
+	// the log position a Publish's context carries with its events, all
+	// or nothing (kafkabroker's transactional publisher). Log mode then
+	// publishes exactly once.
+	StoresPositions bool
 }
 
 // PublisherFunc adapts a function to a Publisher with no capabilities.

@@ -10,6 +10,14 @@
 // options, counters, health and stats) is this package's, the same on
 // every database. Several relays may run on one log: one streams, the
 // others stand by and take over when it stops.
+//
+// Delivery is at least once: a relay killed after a publish and before it
+// confirmed the position sends the batch again when it, or another relay,
+// streams next. With a publisher that stores positions
+// (core.PositionPublisher, such as kafkabroker's transactional publisher),
+// each batch is published together with the position it ends at, and a
+// relay that starts skips what the broker already has: consumers that read
+// only committed writes see each event once.
 package logmode
 
 import (
@@ -72,6 +80,10 @@ type Counters struct {
 	// Streams counts the times this relay started streaming: the first
 	// start, reconnections and takeovers from another relay.
 	Streams int64
+	// Skipped counts events the log sent again that the broker already
+	// had, with the position stored with them (a publisher with
+	// PublisherCapabilities.StoresPositions): they are not sent again.
+	Skipped int64
 }
 
 // Source is a database's log as a Relay reads it: how to stream it once,
@@ -132,13 +144,20 @@ func New(store core.Store, pub core.Publisher, src Source, opts Options) (*Relay
 	case opts.HoldOnBrokerDown < 0:
 		opts.HoldOnBrokerDown = 0
 	}
+	var positions core.PositionPublisher
+	if pub.Capabilities().StoresPositions {
+		var ok bool
+		if positions, ok = core.PublisherAs[core.PositionPublisher](pub); !ok {
+			return nil, fmt.Errorf("%w: logmode: the publisher reports StoresPositions but neither it nor a publisher it wraps (core.PublisherWrapper) is a core.PositionPublisher", core.ErrInvalidOptions)
+		}
+	}
 	table, err := core.NewRelay(store, pub, opts.Relay)
 	if err != nil {
 		return nil, err
 	}
 	r := &Relay{opts: opts, src: src, table: table, store: store}
 	r.stream = logstream.New(logstream.Options{Table: src.Table(table.Options()), Relay: table, Publisher: pub,
-		SpillAfter: opts.SpillAfter, HoldOnBrokerDown: opts.HoldOnBrokerDown})
+		SpillAfter: opts.SpillAfter, HoldOnBrokerDown: opts.HoldOnBrokerDown, Positions: positions})
 	return r, nil
 }
 
@@ -161,7 +180,7 @@ func (r *Relay) Counters() Counters {
 	sc := r.stream.Counters()
 	return Counters{
 		Published: sc.Published, Failed: sc.Failed, Held: sc.Held, TableWrites: sc.Failed + sc.Held,
-		Confirms: sc.Confirms, Streams: sc.Streams,
+		Confirms: sc.Confirms, Streams: sc.Streams, Skipped: sc.Skipped,
 	}
 }
 

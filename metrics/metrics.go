@@ -294,6 +294,9 @@ type publisher struct {
 	m     *Metrics
 }
 
+// Unwrap implements core.PublisherWrapper.
+func (p *publisher) Unwrap() core.Publisher { return p.inner }
+
 func (p *publisher) Publish(ctx context.Context, events []core.Event) error {
 	start := time.Now()
 	err := p.inner.Publish(ctx, events)

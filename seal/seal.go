@@ -402,6 +402,9 @@ type opener struct {
 
 func (o *opener) Capabilities() core.PublisherCapabilities { return o.next.Capabilities() }
 
+// Unwrap implements core.PublisherWrapper.
+func (o *opener) Unwrap() core.Publisher { return o.next }
+
 func (o *opener) Publish(ctx context.Context, events []core.Event) error {
 	out := make([]core.Event, 0, len(events))
 	idx := make([]int, 0, len(events))
@@ -413,6 +416,14 @@ func (o *opener) Publish(ctx context.Context, events []core.Event) error {
 		}
 		out = append(out, ev)
 		idx = append(idx, i)
+	}
+	if _, ok := core.PositionOf(ctx); ok && be.Failed() > 0 {
+		// A position covers every event of the batch: publishing the
+		// others with it would mark the failed ones handled.
+		for _, i := range idx {
+			be.Errs[i] = fmt.Errorf("seal: not published: another event of the batch could not be opened, and the batch carries a log position")
+		}
+		return be
 	}
 	if len(out) > 0 {
 		err := o.next.Publish(ctx, out)

@@ -206,3 +206,35 @@ func keeperOf(t testing.TB, url string) *secrets.Keeper {
 	t.Cleanup(func() { k.Close() })
 	return k
 }
+
+// A batch whose context carries a log position (core.WithPosition) is
+// published whole or not at all: one event that cannot be opened fails it
+// for good, the others fail with it and reach nothing. The publisher
+// beneath is found through Unwrap.
+func TestPublisherKeepsAPositionedBatchWhole(t *testing.T) {
+	t.Parallel()
+	producer := newSealer(t, seal.Options{Key: newKey(t, "k1")})
+	stranger := newSealer(t, seal.Options{Key: newKey(t, "k9")})
+	evs := []core.Event{event("a"), event("b")}
+	for i, s := range []*seal.Sealer{producer, stranger} {
+		if err := s.Seal(t.Context(), &evs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []core.Event
+	inner := core.PublisherFunc(func(_ context.Context, evs []core.Event) error { got = append(got, evs...); return nil })
+	pub := producer.Publisher(inner)
+	if w, ok := pub.(core.PublisherWrapper); !ok || w.Unwrap() == nil {
+		t.Fatal("the opening publisher does not unwrap")
+	}
+	err := pub.Publish(core.WithPosition(t.Context(), 7), evs)
+	errs := core.EventErrors(err, len(evs))
+	if errs[0] == nil || core.IsPermanent(errs[0]) || errs[1] == nil || !core.IsPermanent(errs[1]) || len(got) != 0 {
+		t.Fatalf("errors %v, published %d: want the openable event failed transiently, the other for good, nothing published", errs, len(got))
+	}
+	// Without a position, the openable event goes alone.
+	err = pub.Publish(t.Context(), evs)
+	if errs := core.EventErrors(err, len(evs)); errs[0] != nil || errs[1] == nil || len(got) != 1 {
+		t.Fatalf("errors %v, published %d: want the openable event published", errs, len(got))
+	}
+}

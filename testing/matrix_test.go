@@ -245,15 +245,9 @@ func kafka(t *testing.T) *outboxtest.BrokerFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close() })
-	cfg := kafkabroker.NewSaramaConfig()
-	// Short group timings: two members join and share partitions within
-	// a second or two.
-	cfg.Consumer.Group.Session.Timeout = 2 * time.Second
-	cfg.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
 	sub, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{
-		Brokers: c.ListenAddrs(), ConsumerGroup: "matrix-" + testenv.RandomSuffix(), Sarama: cfg,
-		ReconnectRetrySleep: 200 * time.Millisecond, Logger: quiet,
+		Brokers: c.ListenAddrs(), ConsumerGroup: "matrix-" + testenv.RandomSuffix(),
+		Client: fixtures.KafkaGroupTimings(), Logger: quiet,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -206,6 +206,9 @@ type publisher struct {
 	t     *Tracing
 }
 
+// Unwrap implements core.PublisherWrapper.
+func (p *publisher) Unwrap() core.Publisher { return p.inner }
+
 // Capabilities forwards the decorated publisher's: tracing changes none.
 func (p *publisher) Capabilities() core.PublisherCapabilities { return p.inner.Capabilities() }
 

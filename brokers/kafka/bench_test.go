@@ -6,9 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
@@ -20,9 +18,8 @@ const benchBatch = 100
 // BenchmarkPublish measures events/s into an in-process kfake cluster with
 // acks=all and the idempotent producer, in batches of 100 over 10
 // aggregates as the relay sends them: through this package's Publisher,
-// through a sarama SyncProducer with the same configuration and the same
-// records (SendMessages per batch, and SendMessage per record), and through
-// watermill-kafka's Publisher. kfake runs in the benchmark's process and
+// plain and transactional (one transaction per batch), and through a bare
+// franz-go client with the same settings and records. kfake runs in the benchmark's process and
 // shares its CPUs, so only the ratios mean anything.
 // Run: go test -run '^$' -bench . -benchtime 50x ./brokers/kafka
 func BenchmarkPublish(b *testing.B) {
@@ -54,41 +51,24 @@ func BenchmarkPublish(b *testing.B) {
 		run(b, newPublisher(b, cl.addrs, kafkabroker.Options{}).Publish)
 	})
 
-	raw := func(b *testing.B, perRecord bool) {
-		cfg := kafkabroker.NewSaramaConfig() // acks=all, idempotent, 1 in flight
-		prod, err := sarama.NewSyncProducer(cl.addrs, cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer prod.Close()
-		var m kafkabroker.Marshaler
-		run(b, func(ctx context.Context, evs []core.Event) error {
-			recs := make([]*sarama.ProducerMessage, len(evs))
-			for i := range evs {
-				recs[i], _ = m.Marshal(et, watermillbroker.NewMessage(ctx, &evs[i]))
-				if perRecord {
-					if _, _, err := prod.SendMessage(recs[i]); err != nil {
-						return err
-					}
-				}
-			}
-			if perRecord {
-				return nil
-			}
-			return prod.SendMessages(recs)
-		})
-	}
-	b.Run("sarama-SendMessages", func(b *testing.B) { raw(b, false) })
-	b.Run("sarama-SendMessage-each", func(b *testing.B) { raw(b, true) })
+	b.Run("txoutbox-transactional", func(b *testing.B) {
+		run(b, newPublisher(b, cl.addrs, kafkabroker.Options{Transactional: &kafkabroker.Transactional{ID: "bench-" + fmt.Sprint(time.Now().UnixNano())}}).Publish)
+	})
 
-	b.Run("watermill-kafka", func(b *testing.B) {
-		pub, err := wkafka.NewPublisher(wkafka.PublisherConfig{
-			Brokers: cl.addrs, Marshaler: kafkabroker.Marshaler{}, OverwriteSaramaConfig: kafkabroker.NewSaramaConfig(),
-		}, watermill.NopLogger{})
+	// The same records through a bare franz-go client with the same
+	// settings, one ProduceSync per batch.
+	b.Run("kgo-ProduceSync", func(b *testing.B) {
+		c, err := kgo.NewClient(kgo.SeedBrokers(cl.addrs...), kgo.AllowAutoTopicCreation(), kgo.RequiredAcks(kgo.AllISRAcks()))
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer pub.Close()
-		run(b, watermillbroker.NewPublisher(pub, watermillbroker.Options{}).Publish)
+		defer c.Close()
+		run(b, func(ctx context.Context, evs []core.Event) error {
+			recs := make([]*kgo.Record, len(evs))
+			for i := range evs {
+				recs[i], _ = kafkabroker.Marshal(et, watermillbroker.NewMessage(ctx, &evs[i]))
+			}
+			return c.ProduceSync(ctx, recs...).FirstErr()
+		})
 	})
 }

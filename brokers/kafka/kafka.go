@@ -1,33 +1,38 @@
-// Package kafkabroker publishes txoutbox events to Kafka with
-// github.com/IBM/sarama, in watermill-kafka's record format, and gives
-// consumers a github.com/ThreeDotsLabs/watermill-kafka/v3 consumer-group
-// subscriber.
+// Package kafkabroker publishes txoutbox events to Kafka with franz-go
+// (github.com/twmb/franz-go), in watermill-kafka's record format, and gives
+// consumers a Watermill consumer-group subscriber that reads it.
 //
 // The topic is the event type, or what Options.Topic returns (TopicMap
-// renames some). The message key is the aggregate ID, so that one
-// aggregate's events land on one partition, in order; the Publisher reports
-// so (core.PublisherCapabilities), which turns on the relay's ordered mode under
-// core.OrderingAuto. The producer waits for all in-sync replicas (acks=all)
-// and is idempotent, so a retry inside the client does not write a record
-// twice. The event's headers (event_id,
-// aggregate_id, ...) travel as Kafka record headers.
+// renames some). The record key is the aggregate ID, hashed to a partition
+// as sarama and watermill-kafka hash it, so that one aggregate's events land
+// on one partition, in order; the Publisher reports so
+// (core.PublisherCapabilities), which turns on the relay's ordered mode
+// under core.OrderingAuto. The producer waits for all in-sync replicas
+// (acks=all) and is idempotent, so a retry inside the client does not write
+// a record twice. The event's headers (event_id, aggregate_id, ...) travel
+// as Kafka record headers.
 //
-// TLS and SASL are sarama settings: pass a *sarama.Config from
-// NewSaramaConfig with Net.TLS / Net.SASL filled in as Options.Sarama.
+// With Options.Transactional, a log-mode relay (packages logrelay and
+// binlogrelay) publishes each batch in a Kafka transaction together with
+// the log position it ends at: a consumer that reads with
+// isolation.level=read_committed then sees each event once, even when the
+// relay is killed (docs/kafka-exactly-once.md).
+//
+// TLS, SASL and the client's timeouts are franz-go options: pass them as
+// Options.Client (kgo.DialTLSConfig, kgo.SASL, ...).
 package kafkabroker
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"hash/fnv"
 	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txoutbox/txoutbox/brokers/cloudevent"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
@@ -39,43 +44,9 @@ var (
 	ErrPublish = errors.New("kafkabroker: publish failed")
 )
 
-// defaultVersion is the Kafka protocol version NewSaramaConfig asks for:
-// recent enough for the idempotent producer (0.11+) and record headers.
-var defaultVersion = sarama.V3_6_0_0
-
-// NewSaramaConfig returns the sarama configuration the publisher and the
-// subscriber start from: Kafka protocol 3.6 (lower Version for an older
-// cluster; 0.11 is the minimum), and the producer settings that
-// NewPublisher enforces anyway. Set TLS, SASL or client ID on it and pass it
-// as Options.Sarama / SubscriberOptions.Sarama.
-func NewSaramaConfig() *sarama.Config {
-	cfg := sarama.NewConfig()
-	cfg.Version = defaultVersion
-	cfg.ClientID = "txoutbox"
-	producerSafety(cfg)
-	cfg.Consumer.Return.Errors = true
-	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-	return cfg
-}
-
-// producerSafety sets what an outbox needs from the producer.
-func producerSafety(cfg *sarama.Config) {
-	// A record counts as written once every in-sync replica has it.
-	cfg.Producer.RequiredAcks = sarama.WaitForAll
-	// Retries inside sarama reuse the sequence number, so the broker drops
-	// the second copy instead of appending it. The idempotent producer
-	// needs one request in flight per broker connection.
-	cfg.Producer.Idempotent = true
-	cfg.Net.MaxOpenRequests = 1
-	// The idempotent producer needs at least one retry.
-	if cfg.Producer.Retry.Max < 1 {
-		cfg.Producer.Retry.Max = 3
-	}
-	cfg.Producer.Return.Successes = true
-	cfg.Producer.Return.Errors = true
-	// The default hash partitioner maps a key to a fixed partition.
-	cfg.Producer.Partitioner = sarama.NewHashPartitioner
-}
+// DefaultMaxRecordBytes is Options.MaxRecordBytes' default: Kafka's own
+// default limit on a record batch (message.max.bytes).
+const DefaultMaxRecordBytes = 1 << 20
 
 // TopicMap returns a TopicFunc that looks the event type up in m and falls
 // back to the event type itself.
@@ -95,50 +66,52 @@ type Options struct {
 	// Topic maps an event to its topic. Default core.TopicByEventType; see
 	// TopicMap.
 	Topic core.TopicFunc
-	// Sarama is the client configuration. Default NewSaramaConfig(). The
-	// publisher overrides the producer's acks, idempotence, in-flight
-	// requests, partitioner and return settings (see NewSaramaConfig); a
-	// Version below 0.11 is rejected.
-	Sarama *sarama.Config
+	// Client are further franz-go options: TLS (kgo.DialTLSConfig), SASL
+	// (kgo.SASL), kgo.ClientID, timeouts. The publisher applies its own
+	// after them: acks from every in-sync replica, the partitioner that
+	// hashes the key, MaxRecordBytes and, with Transactional, the
+	// transactional ID. An option that turns idempotence off is refused.
+	Client []kgo.Opt
+	// MaxRecordBytes is the largest record the publisher sends: a larger
+	// event fails for good (it is dead-lettered) instead of being retried.
+	// Keep it at most the topic's max.message.bytes. Default
+	// DefaultMaxRecordBytes.
+	MaxRecordBytes int
 	// CloudEvents, when set, sends events as CloudEvents 1.0 (Kafka
 	// binding: "ce_" headers and content-type in binary mode).
 	CloudEvents *cloudevent.Options
+	// Transactional, when set, lets a log-mode relay publish exactly once
+	// for read_committed consumers: each batch it publishes is one Kafka
+	// transaction, with the log position the batch ends at. Nil: plain
+	// idempotent publishing only.
+	Transactional *Transactional
 }
 
 // Publisher is a core.Publisher to Kafka with acks=all and an idempotent
-// producer. Records are encoded by Marshaler (watermill-kafka's format), so
+// producer. Records are in watermill-kafka's format (see NewSubscriber), so
 // Watermill subscribers read them as messages whose UUID is the event ID.
 type Publisher struct {
-	producer sarama.AsyncProducer
-	maxBytes int // the producer's MaxMessageBytes
-	topic    core.TopicFunc
-	marshal  Marshaler
-	ce       *cloudevent.Options
-	drained  chan struct{} // closed when route has seen the producer's last outcome
+	opts  Options
+	base  []kgo.Opt // the client options, in order
+	topic core.TopicFunc
 
-	// mu guards closed: sending on the producer's Input after AsyncClose
-	// would panic, so Publish sends under the read lock and Close takes the
-	// write lock.
-	mu     sync.RWMutex
+	// rw guards closed and cl, the plain client: Publish holds the read
+	// lock, Close the write lock.
+	rw     sync.RWMutex
+	cl     *kgo.Client
 	closed bool
-}
-
-// slot is a record's Metadata: where route sends its outcome. acks has room
-// for the whole batch, so route never waits on a Publish that gave up.
-type slot struct {
-	acks chan<- ack
-	i    int // index of the event in the Publish call
-}
-
-type ack struct {
-	i   int
-	err error
+	// mu guards tx, the transactional client (Options.Transactional),
+	// and makes one transaction at a time: a Publish with a position and
+	// CommittedPosition hold it for their whole call.
+	mu sync.Mutex
+	tx *kgo.Client
 }
 
 var _ core.Publisher = (*Publisher)(nil)
 
-// NewPublisher connects to Kafka and returns a Publisher. Close it to close
-// the producer.
+// NewPublisher checks opts, connects to Kafka and returns a Publisher. Close
+// it to flush and close the client. In transactional mode it also takes the
+// transactional ID, which fences a producer that held it before.
 func NewPublisher(opts Options) (*Publisher, error) {
 	if len(opts.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: no Brokers", core.ErrInvalidOptions)
@@ -146,72 +119,130 @@ func NewPublisher(opts Options) (*Publisher, error) {
 	if opts.Topic == nil {
 		opts.Topic = core.TopicByEventType
 	}
+	if opts.MaxRecordBytes < 0 {
+		return nil, fmt.Errorf("%w: kafkabroker: MaxRecordBytes %d is negative", core.ErrInvalidOptions, opts.MaxRecordBytes)
+	}
+	if opts.MaxRecordBytes == 0 {
+		opts.MaxRecordBytes = DefaultMaxRecordBytes
+	}
 	if opts.CloudEvents != nil {
 		if err := opts.CloudEvents.Validate(); err != nil {
 			return nil, err
 		}
 	}
-	cfg := opts.Sarama
-	if cfg == nil {
-		cfg = NewSaramaConfig()
+	if opts.Transactional != nil {
+		if err := opts.Transactional.check(); err != nil {
+			return nil, err
+		}
 	}
-	if !cfg.Version.IsAtLeast(sarama.V0_11_0_0) {
-		return nil, fmt.Errorf("%w: Kafka version %s is too old for the idempotent producer (0.11+)", core.ErrInvalidOptions, cfg.Version)
+	base := []kgo.Opt{
+		kgo.SeedBrokers(opts.Brokers...),
+		kgo.ClientID("txoutbox"),
+		// sarama's default, which the module's users had: a topic appears
+		// when first written to, where the cluster allows it.
+		kgo.AllowAutoTopicCreation(),
+		// Java's delivery.timeout.ms: a record the cluster has not taken
+		// by then fails, even under a context without a deadline.
+		kgo.RecordDeliveryTimeout(2 * time.Minute),
 	}
-	producerSafety(cfg)
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: sarama: %w", core.ErrInvalidOptions, err)
-	}
-	// watermill-kafka's Publisher sends one record per round trip
-	// (SendMessage in a loop); a batch goes out together instead. The
-	// asynchronous producer (which sarama's SyncProducer wraps) lets Publish
-	// stop waiting when its context ends, which SendMessages cannot.
-	producer, err := sarama.NewAsyncProducer(opts.Brokers, cfg)
+	base = append(base, opts.Client...)
+	base = append(base,
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))),
+		kgo.ProducerBatchMaxBytes(int32(opts.MaxRecordBytes)),
+	)
+	p := &Publisher{opts: opts, base: base, topic: opts.Topic}
+	cl, err := p.connect(false)
 	if err != nil {
-		return nil, fmt.Errorf("kafkabroker: connect producer: %w", err)
+		return nil, err
 	}
-	p := &Publisher{producer: producer, maxBytes: cfg.Producer.MaxMessageBytes, topic: opts.Topic, ce: opts.CloudEvents, drained: make(chan struct{})}
-	go p.route()
+	// The client connects lazily; a first request here reports an
+	// unreachable cluster or refused credentials now rather than at the
+	// first publish.
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	if err := cl.Ping(ctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("kafkabroker: connect to %v: %w", opts.Brokers, err)
+	}
+	if err := p.startTransactional(cl); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	p.cl = cl
 	return p, nil
 }
 
-// route hands each record's outcome to the Publish call that sent it, until
-// the producer has closed both of its channels.
-func (p *Publisher) route() {
-	defer close(p.drained)
-	successes, errs := p.producer.Successes(), p.producer.Errors()
-	for successes != nil || errs != nil {
-		select {
-		case m, ok := <-successes:
-			if !ok {
-				successes = nil
-				continue
-			}
-			if s, ok := m.Metadata.(slot); ok {
-				s.acks <- ack{i: s.i}
-			}
-		case pe, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
-			if s, ok := pe.Msg.Metadata.(slot); ok {
-				s.acks <- ack{i: s.i, err: pe.Err}
-			}
+// connect makes a client from the publisher's options: the transactional
+// one, or the plain one.
+func (p *Publisher) connect(transactional bool) (*kgo.Client, error) {
+	opts := p.base
+	if t := p.opts.Transactional; t != nil && transactional {
+		opts = append(opts[:len(opts):len(opts)], kgo.TransactionalID(t.ID), kgo.TransactionTimeout(t.Timeout))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafkabroker: %w", core.ErrInvalidOptions, err)
+	}
+	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+		cl.Close()
+		return nil, fmt.Errorf("%w: kafkabroker: kgo.DisableIdempotentWrite: the outbox needs the idempotent producer, or a retry inside the client writes a record twice", core.ErrInvalidOptions)
+	}
+	return cl, nil
+}
+
+// connectTimeout bounds NewPublisher's first request.
+const connectTimeout = 30 * time.Second
+
+// fnv32a is the hash sarama's default partitioner (and so watermill-kafka's)
+// gives a key: records keep the partitions they had with those clients.
+func fnv32a(b []byte) uint32 {
+	h := fnv.New32a()
+	h.Write(b)
+	return h.Sum32()
+}
+
+// record is one event as a Kafka record, or the reason it cannot be one.
+func (p *Publisher) record(ctx context.Context, ev *core.Event) (*kgo.Record, error) {
+	topic := p.topic(ev)
+	if err := validTopic(topic); err != nil {
+		return nil, core.Permanent(fmt.Errorf("%w: %s event %s: %w", core.ErrInvalidEvent, ev.EventType, ev.ID, err))
+	}
+	msg := watermillbroker.NewMessage(ctx, ev)
+	if p.opts.CloudEvents != nil {
+		var err error
+		if msg, _, err = p.opts.CloudEvents.NewMessage(ctx, ev, cloudevent.Kafka); err != nil {
+			return nil, core.Permanent(fmt.Errorf("%w: %w", ErrPublish, err))
 		}
 	}
+	rec, err := Marshal(topic, msg)
+	if err != nil {
+		return nil, core.Permanent(fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err))
+	}
+	// The client refuses such a record too, but only once it is buffered;
+	// refusing it here names the size.
+	if size := recordSize(rec); size > p.opts.MaxRecordBytes {
+		return nil, core.Permanent(fmt.Errorf("%w: %s event %s is about %d bytes as a Kafka record, above MaxRecordBytes %d: %w",
+			ErrPublish, ev.EventType, ev.ID, size, p.opts.MaxRecordBytes, kerr.MessageTooLarge))
+	}
+	return rec, nil
 }
 
 // Publish sends the events in one batch and returns when Kafka acknowledged
-// each of them (acks=all), with a *core.BatchError naming the ones it did not
-// take. If ctx ends first, Publish returns at once and names the records
-// not yet acknowledged as failed, wrapping ctx's error; Kafka may still
-// write them, and the relay's retry then makes a duplicate, which the
+// each of them (acks=all), with a *core.BatchError naming the ones it did
+// not take. If ctx ends first, Publish returns at once and names the
+// records not yet acknowledged as failed, wrapping ctx's error; Kafka may
+// still write them, and the relay's retry then makes a duplicate, which the
 // consumer's inbox absorbs.
 //
+// With Options.Transactional, a Publish whose ctx carries a log position
+// (core.WithPosition), as a log-mode relay's does, is one transaction with
+// the events and the position, which CommittedPosition reads back: a
+// read_committed consumer sees all of it or none. Other publishes (the
+// table's retry path) are plain.
+//
 // Records of one aggregate go to one partition in the order of the batch:
-// sarama keeps the order of a partition's records, and the idempotent
-// producer keeps it across its retries.
+// the idempotent producer keeps a partition's order across its retries.
 func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	if len(events) == 0 {
 		return nil
@@ -219,8 +250,11 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	p.mu.RLock()
-	defer p.mu.RUnlock()
+	if pos, ok := core.PositionOf(ctx); ok && p.opts.Transactional != nil {
+		return p.publishTx(ctx, events, pos)
+	}
+	p.rw.RLock()
+	defer p.rw.RUnlock()
 	if p.closed {
 		return fmt.Errorf("%w: kafkabroker: publisher closed", core.ErrClosed)
 	}
@@ -228,44 +262,20 @@ func (p *Publisher) Publish(ctx context.Context, events []core.Event) error {
 	acks := make(chan ack, len(events))
 	waiting := make(map[int]bool, len(events))
 	for i := range events {
-		ev := &events[i]
-		topic := p.topic(ev)
-		if err := validTopic(topic); err != nil {
-			be.Errs[i] = core.Permanent(fmt.Errorf("%w: %s event %s: %w", core.ErrInvalidEvent, ev.EventType, ev.ID, err))
-			continue
-		}
-		msg := watermillbroker.NewMessage(ctx, ev)
-		if p.ce != nil {
-			var err error
-			if msg, _, err = p.ce.NewMessage(ctx, ev, cloudevent.Kafka); err != nil {
-				be.Errs[i] = core.Permanent(fmt.Errorf("%w: %w", ErrPublish, err))
-				continue
-			}
-		}
-		rec, err := p.marshal.Marshal(topic, msg)
+		rec, err := p.record(ctx, &events[i])
 		if err != nil {
-			be.Errs[i] = fmt.Errorf("%w: marshal event %s: %w", ErrPublish, ev.ID, err)
+			be.Errs[i] = err
 			continue
 		}
-		// sarama refuses a record above MaxMessageBytes too, but only
-		// after it entered the producer; refusing it here names the size.
-		if size := recordSize(rec); size > p.maxBytes {
-			be.Errs[i] = core.Permanent(fmt.Errorf("%w: %s event %s is about %d bytes as a Kafka record, above the producer's MaxMessageBytes %d: %w",
-				ErrPublish, ev.EventType, ev.ID, size, p.maxBytes, sarama.ErrMessageSizeTooLarge))
-			continue
-		}
-		rec.Metadata = slot{acks: acks, i: i}
-		select {
-		case p.producer.Input() <- rec:
-			waiting[i] = true
-		case <-ctx.Done():
-			for k := i; k < len(events); k++ {
-				be.Errs[k] = fmt.Errorf("%w: %s event %s not sent: %w", ErrPublish, events[k].EventType, events[k].ID, ctx.Err())
-			}
-			return p.await(ctx, events, acks, waiting, be)
-		}
+		waiting[i] = true
+		p.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { acks <- ack{i: i, err: err} })
 	}
 	return p.await(ctx, events, acks, waiting, be)
+}
+
+type ack struct {
+	i   int
+	err error
 }
 
 // await collects the outcomes of the records in waiting, until all came or
@@ -276,12 +286,7 @@ func (p *Publisher) await(ctx context.Context, events []core.Event, acks <-chan 
 		case a := <-acks:
 			delete(waiting, a.i)
 			if a.err != nil {
-				ev := &events[a.i]
-				err := fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, ev.EventType, ev.ID, p.topic(ev), a.err)
-				if refusedForGood(a.err) {
-					err = core.Permanent(err)
-				}
-				be.Errs[a.i] = err
+				be.Errs[a.i] = p.failed(&events[a.i], a.err)
 			}
 		case <-ctx.Done():
 			for i := range waiting {
@@ -293,12 +298,21 @@ func (p *Publisher) await(ctx context.Context, events []core.Event, acks <-chan 
 	return be.ErrOrNil()
 }
 
-// refusedForGood reports whether Kafka (or sarama) refused a record in a
-// way that sending it again cannot change.
+// failed wraps the error Kafka gave an event's record.
+func (p *Publisher) failed(ev *core.Event, err error) error {
+	err = fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, ev.EventType, ev.ID, p.topic(ev), err)
+	if refusedForGood(err) {
+		err = core.Permanent(err)
+	}
+	return err
+}
+
+// refusedForGood reports whether Kafka refused a record in a way that
+// sending it again cannot change.
 func refusedForGood(err error) bool {
-	for _, kerr := range []sarama.KError{sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidTopic, sarama.ErrMessageSetSizeTooLarge,
-		sarama.ErrInvalidRecord, sarama.ErrTopicAuthorizationFailed} {
-		if errors.Is(err, kerr) {
+	for _, kind := range []error{kerr.MessageTooLarge, kerr.InvalidTopicException, kerr.RecordListTooLarge,
+		kerr.InvalidRecord, kerr.TopicAuthorizationFailed} {
+		if errors.Is(err, kind) {
 			return true
 		}
 	}
@@ -327,16 +341,12 @@ func validTopic(t string) error {
 	return nil
 }
 
-// recordSize estimates a record's size on the wire as sarama counts it
-// against MaxMessageBytes: key, value, headers and the fixed overhead.
-func recordSize(rec *sarama.ProducerMessage) int {
+// recordSize estimates a record's size in a batch of its own, as Kafka
+// counts it against the batch limit: key, value, headers and the fixed
+// overhead.
+func recordSize(rec *kgo.Record) int {
 	n := 70 // record batch and record overhead, generously
-	if rec.Key != nil {
-		n += rec.Key.Length()
-	}
-	if rec.Value != nil {
-		n += rec.Value.Length()
-	}
+	n += len(rec.Key) + len(rec.Value)
 	for _, h := range rec.Headers {
 		n += len(h.Key) + len(h.Value) + 10
 	}
@@ -344,99 +354,74 @@ func recordSize(rec *sarama.ProducerMessage) int {
 }
 
 // Capabilities implements core.Publisher: PreservesAggregateOrder, so that
-// a relay with the default core.OrderingAuto runs in ordered mode. The record key is the aggregate ID and the partitioner
-// hashes it (NewPublisher enforces both), so an aggregate's events of one
-// topic land on one partition; the idempotent producer with one request in
-// flight keeps a partition's order across sarama's retries, and a batch's
-// records enter the producer in the batch's order. Order holds per topic: events of one
-// aggregate that Options.Topic sends to different topics are ordered within
-// each topic only. Events without an aggregate ID have no key and no order.
+// a relay with the default core.OrderingAuto runs in ordered mode. The
+// record key is the aggregate ID and the partitioner hashes it (NewPublisher
+// enforces both), so an aggregate's events of one topic land on one
+// partition; the idempotent producer keeps a partition's order across its
+// retries, and a batch's records are produced in the batch's order. Order
+// holds per topic: events of one aggregate that Options.Topic sends to
+// different topics are ordered within each topic only. Events without an
+// aggregate ID have no key and no order.
+//
+// StoresPositions is set in transactional mode (Options.Transactional).
 func (p *Publisher) Capabilities() core.PublisherCapabilities {
-	return core.PublisherCapabilities{PreservesAggregateOrder: true}
+	return core.PublisherCapabilities{PreservesAggregateOrder: true, StoresPositions: p.opts.Transactional != nil}
 }
 
-// Close flushes and closes the producer: it waits for the records in flight
-// (sarama's own timeouts and retries bound that).
+// Close waits for the records in flight (the client's own timeouts bound
+// that), then closes the client. An open transaction is aborted.
 func (p *Publisher) Close() error {
+	p.rw.Lock()
 	p.mu.Lock()
-	if !p.closed {
-		p.closed = true
-		p.producer.AsyncClose()
+	defer p.mu.Unlock()
+	defer p.rw.Unlock()
+	if p.closed {
+		return nil
 	}
-	p.mu.Unlock()
-	<-p.drained
+	p.closed = true
+	p.abort(context.Background())
+	p.drop()
+	_ = p.cl.Flush(context.Background())
+	p.cl.Close()
 	return nil
 }
 
-// Marshaler is watermill-kafka's DefaultMarshaler (metadata as record
-// headers) with the aggregate ID as the record key. Events without an
-// aggregate get no key and are spread over the partitions.
-type Marshaler struct{ wkafka.DefaultMarshaler }
-
-// Marshal converts a Watermill message to a sarama record.
-func (m Marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
-	rec, err := m.DefaultMarshaler.Marshal(topic, msg)
-	if err != nil {
-		return nil, err
+// Marshal converts a Watermill message to a Kafka record in
+// watermill-kafka's format: the UUID in the "_watermill_message_uuid"
+// header, each metadata entry as a header, the payload as the value. The
+// aggregate ID, when the metadata has one, is the key; a message without
+// one gets no key and is spread over the partitions.
+func Marshal(topic string, msg *message.Message) (*kgo.Record, error) {
+	if msg.Metadata.Get(UUIDHeader) != "" {
+		return nil, fmt.Errorf("metadata %s is reserved for the message UUID", UUIDHeader)
+	}
+	rec := &kgo.Record{Topic: topic, Value: msg.Payload, Headers: make([]kgo.RecordHeader, 0, len(msg.Metadata)+1)}
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: UUIDHeader, Value: []byte(msg.UUID)})
+	for k, v := range msg.Metadata {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	if key := msg.Metadata.Get(core.HeaderAggregateID); key != "" {
-		rec.Key = sarama.StringEncoder(key)
+		rec.Key = []byte(key)
 	}
 	return rec, nil
 }
 
-// SubscriberOptions configures NewSubscriber.
-type SubscriberOptions struct {
-	// Brokers are the bootstrap addresses. Required.
-	Brokers []string
-	// ConsumerGroup is the Kafka consumer group: instances with the same
-	// group share the partitions, and the group's committed offsets say
-	// where a restarted consumer resumes. Required.
-	ConsumerGroup string
-	// Sarama is the client configuration. Default NewSaramaConfig(), which
-	// starts a new group at the oldest offset so that nothing published
-	// before the group's first subscription is missed.
-	Sarama *sarama.Config
-	// ReconnectRetrySleep is the pause before re-joining the group after the
-	// connection failed. Default 1s.
-	ReconnectRetrySleep time.Duration
-	// Logger receives the client's logs. Default slog.Default().
-	Logger *slog.Logger
+// Unmarshal is Marshal's inverse: a Watermill message from a record.
+func Unmarshal(rec *kgo.Record) *message.Message {
+	var id string
+	md := make(message.Metadata, len(rec.Headers))
+	for _, h := range rec.Headers {
+		if h.Key == UUIDHeader {
+			id = string(h.Value)
+			continue
+		}
+		md.Set(h.Key, string(h.Value))
+	}
+	msg := message.NewMessage(id, rec.Value)
+	msg.Metadata = md
+	return msg
 }
 
-// NewSubscriber returns a Watermill subscriber that consumes topics as one
-// consumer group. Messages carry the record headers as metadata and the
-// event ID as UUID; an acked message's offset is committed, a nacked one is
-// redelivered.
-//
-// It returns watermill-kafka's own *Subscriber, not a type of ours: it is
-// the message.Subscriber a Watermill router takes, configured with this
-// package's Marshaler and sarama settings, and a wrapper would add a layer
-// without adding a method. (The RabbitMQ subscriber is ours because it adds
-// the consumer-group topology on top of watermill-amqp.)
-func NewSubscriber(opts SubscriberOptions) (*wkafka.Subscriber, error) {
-	if len(opts.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: no Brokers", core.ErrInvalidOptions)
-	}
-	if opts.ConsumerGroup == "" {
-		return nil, fmt.Errorf("%w: ConsumerGroup is empty", core.ErrInvalidOptions)
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	cfg := opts.Sarama
-	if cfg == nil {
-		cfg = NewSaramaConfig()
-	}
-	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers:               opts.Brokers,
-		Unmarshaler:           Marshaler{},
-		OverwriteSaramaConfig: cfg,
-		ConsumerGroup:         opts.ConsumerGroup,
-		ReconnectRetrySleep:   opts.ReconnectRetrySleep,
-	}, watermill.NewSlogLogger(opts.Logger))
-	if err != nil {
-		return nil, fmt.Errorf("kafkabroker: subscriber: %w", err)
-	}
-	return sub, nil
-}
+// UUIDHeader is the record header that carries a message's UUID (the
+// event ID), as watermill-kafka names it.
+const UUIDHeader = "_watermill_message_uuid"

@@ -1,6 +1,7 @@
 package kafkabroker_test
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -13,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/txoutbox/txoutbox/brokers/cloudevent"
@@ -34,7 +35,7 @@ import (
 var quiet = fixtures.Quiet()
 
 // cluster is an in-process Kafka-protocol cluster (kfake) that the real
-// sarama client talks to over TCP. With a data directory it can be stopped
+// franz-go client talks to over TCP. With a data directory it can be stopped
 // and started again on the same ports with its topics, offsets and
 // producer state, as a broker restart.
 type cluster struct {
@@ -99,20 +100,13 @@ func newPublisher(t testing.TB, brokers []string, opts kafkabroker.Options) *kaf
 	return p
 }
 
-func newSubscriber(t testing.TB, brokers []string, group string) message.Subscriber {
+func newSubscriber(t testing.TB, brokers []string, group string, extra ...kgo.Opt) message.Subscriber {
 	t.Helper()
 	if group == "" {
 		group = "g-" + testenv.RandomSuffix()
 	}
-	cfg := kafkabroker.NewSaramaConfig()
-	// Short group timings: tests join and rebalance within a second or two.
-	cfg.Consumer.Group.Session.Timeout = 2 * time.Second
-	cfg.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
-	cfg.Metadata.Retry.Backoff = 100 * time.Millisecond
 	s, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{
-		Brokers: brokers, ConsumerGroup: group, Sarama: cfg,
-		ReconnectRetrySleep: 200 * time.Millisecond, Logger: quiet,
+		Brokers: brokers, ConsumerGroup: group, Client: append(fixtures.KafkaGroupTimings(), extra...), Logger: quiet,
 	})
 	if err != nil {
 		t.Fatalf("NewSubscriber: %v", err)
@@ -132,8 +126,8 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// tooLarge is the event Kafka cannot carry with sarama's default
-// MaxMessageBytes (1 MiB): an outbox whose core.Limits allow larger
+// tooLarge is the event Kafka cannot carry with the default
+// MaxRecordBytes (1 MiB): an outbox whose core.Limits allow larger
 // payloads can hold one. (A long header key is no poison here: Kafka
 // carries it.)
 func tooLarge(ev core.Event) core.Event {
@@ -152,44 +146,32 @@ func event(t testing.TB, eventType, agg string, n int) core.Event {
 	return ev
 }
 
-// consumeAll reads every record of topic's partitions with a plain sarama
-// consumer until n arrived.
-func consumeAll(t testing.TB, brokers []string, topic string, n int) []*sarama.ConsumerMessage {
+// consumeAll reads every record of topic's partitions with a plain
+// franz-go consumer (read_uncommitted) until n arrived.
+func consumeAll(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
 	t.Helper()
-	cfg := kafkabroker.NewSaramaConfig()
-	c, err := sarama.NewConsumer(brokers, cfg)
+	c, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	parts, err := c.Partitions(topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make(chan *sarama.ConsumerMessage, n)
-	for _, p := range parts {
-		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pc.Close()
-		go func() {
-			for m := range pc.Messages() {
-				out <- m
-			}
-		}()
-	}
-	var got []*sarama.ConsumerMessage
-	timeout := time.After(30 * time.Second)
-	for len(got) < n {
-		select {
-		case m := <-out:
-			got = append(got, m)
-		case <-timeout:
-			t.Fatalf("read %d of %d records of %s", len(got), n, topic)
-		}
-	}
+	var got []*kgo.Record
+	wait.For(t, fmt.Sprintf("%d records of %s", n, topic), func() (bool, any) {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		got = append(got, c.PollFetches(ctx).Records()...)
+		return len(got) >= n, len(got)
+	})
 	return got
+}
+
+// headers returns a record's headers as a map.
+func headers(r *kgo.Record) map[string]string {
+	h := map[string]string{}
+	for _, rh := range r.Headers {
+		h[rh.Key] = string(rh.Value)
+	}
+	return h
 }
 
 // Records are keyed by aggregate ID (one aggregate, one partition, in
@@ -215,10 +197,7 @@ func TestRecordKeyPartitionAndHeaders(t *testing.T) {
 	lastN := map[string]int{}
 	parts := map[int32]bool{}
 	for _, r := range recs {
-		h := map[string]string{}
-		for _, rh := range r.Headers {
-			h[string(rh.Key)] = string(rh.Value)
-		}
+		h := headers(r)
 		ev, ok := byID[h[core.HeaderEventID]]
 		if !ok {
 			t.Fatalf("record without a known event_id: %v", h)
@@ -307,22 +286,38 @@ func TestAcksAllAndIdempotentProducer(t *testing.T) {
 	}
 }
 
-// Options.Sarama is overridden where an outbox needs it.
-func TestSaramaConfigIsMadeSafe(t *testing.T) {
+// Options.Client cannot weaken what an outbox needs: acks from every
+// in-sync replica win over kgo.RequiredAcks(kgo.LeaderAck()) (the cluster
+// sees acks -1), and turning idempotence off is refused.
+func TestClientOptionsAreMadeSafe(t *testing.T) {
+	t.Parallel()
 	cl := newCluster(t)
-	cfg := sarama.NewConfig()
-	cfg.Version = sarama.V2_8_0_0
-	cfg.Producer.RequiredAcks = sarama.WaitForLocal
-	cfg.Producer.Idempotent = false
-	cfg.Net.MaxOpenRequests = 5
-	newPublisher(t, cl.addrs, kafkabroker.Options{Sarama: cfg})
-	if cfg.Producer.RequiredAcks != sarama.WaitForAll || !cfg.Producer.Idempotent || cfg.Net.MaxOpenRequests != 1 {
-		t.Errorf("acks %d, idempotent %v, max open requests %d", cfg.Producer.RequiredAcks, cfg.Producer.Idempotent, cfg.Net.MaxOpenRequests)
+	var acks []int16
+	var mu sync.Mutex
+	cl.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cl.c.KeepControl()
+		mu.Lock()
+		acks = append(acks, req.(*kmsg.ProduceRequest).Acks)
+		mu.Unlock()
+		return nil, nil, false
+	})
+	p := newPublisher(t, cl.addrs, kafkabroker.Options{Client: []kgo.Opt{kgo.RequiredAcks(kgo.LeaderAck())}})
+	if err := p.Publish(t.Context(), []core.Event{event(t, "order.safe", "o-1", 0)}); err != nil {
+		t.Fatal(err)
 	}
-	old := sarama.NewConfig()
-	old.Version = sarama.V0_10_2_0
-	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: cl.addrs, Sarama: old}); !errors.Is(err, core.ErrInvalidOptions) {
-		t.Errorf("Kafka 0.10: NewPublisher = %v, want core.ErrInvalidOptions", err)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(acks) == 0 {
+		t.Fatal("no produce request seen")
+	}
+	for _, a := range acks {
+		if a != -1 {
+			t.Errorf("produce request with acks %d, want -1 (all in-sync replicas)", a)
+		}
+	}
+	_, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: cl.addrs, Client: []kgo.Opt{kgo.DisableIdempotentWrite()}})
+	if !errors.Is(err, core.ErrInvalidOptions) || !strings.Contains(err.Error(), "DisableIdempotentWrite") {
+		t.Errorf("NewPublisher with kgo.DisableIdempotentWrite = %v, want core.ErrInvalidOptions naming it", err)
 	}
 }
 
@@ -391,10 +386,14 @@ func TestInvalidOptions(t *testing.T) {
 	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("no brokers: %v", err)
 	}
-	bad := kafkabroker.NewSaramaConfig()
-	bad.Producer.MaxMessageBytes = 0
-	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, Sarama: bad}); !errors.Is(err, core.ErrInvalidOptions) {
-		t.Errorf("invalid sarama config: %v", err)
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, MaxRecordBytes: -1}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("negative MaxRecordBytes: %v", err)
+	}
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, Transactional: &kafkabroker.Transactional{}}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("Transactional without an ID: %v", err)
+	}
+	if _, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: []string{"x:1"}, Transactional: &kafkabroker.Transactional{ID: "a", PositionTopic: "no spaces"}}); !errors.Is(err, core.ErrInvalidOptions) {
+		t.Errorf("Transactional with a bad position topic: %v", err)
 	}
 	if _, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: []string{"x:1"}}); !errors.Is(err, core.ErrInvalidOptions) {
 		t.Errorf("no group: %v", err)
@@ -424,10 +423,7 @@ func TestCloudEvents(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, r := range consumeAll(t, cl.addrs, et, len(evs)) {
-				h := map[string]string{}
-				for _, rh := range r.Headers {
-					h[string(rh.Key)] = string(rh.Value)
-				}
+				h := headers(r)
 				ev, ok := byID[h[core.HeaderEventID]]
 				if !ok {
 					t.Fatalf("a record of no event: %v", h)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	kafkabroker "github.com/txoutbox/txoutbox/brokers/kafka"
@@ -17,7 +18,7 @@ import (
 
 // A broker that reads produce requests and never answers them: Publish
 // returns when its context ends (the relay's PublishTimeout), naming every
-// event as failed with the context's error, instead of waiting out sarama's
+// event as failed with the context's error, instead of waiting out the client's
 // network timeouts and retries; once the broker answers again, the same
 // publisher delivers the events.
 func TestPublishReturnsWhenContextEnds(t *testing.T) {
@@ -31,12 +32,12 @@ func TestPublishReturnsWhenContextEnds(t *testing.T) {
 		// and the request is never answered.
 		return nil, nil, hang.Load()
 	})
-	cfg := kafkabroker.NewSaramaConfig()
-	// sarama gives up on the unanswered request after this and retries,
-	// which is what lets the events through once the broker answers.
-	cfg.Net.ReadTimeout = 2 * time.Second
-	cfg.Producer.Retry.Backoff = 100 * time.Millisecond
-	p := newPublisher(t, cl.addrs, kafkabroker.Options{Sarama: cfg})
+	// The client gives up on the unanswered request after these and
+	// retries, which is what lets the events through once the broker
+	// answers.
+	p := newPublisher(t, cl.addrs, kafkabroker.Options{Client: []kgo.Opt{
+		kgo.ProduceRequestTimeout(time.Second), kgo.RequestTimeoutOverhead(time.Second),
+	}})
 	var evs []core.Event
 	for i := range 5 {
 		evs = append(evs, event(t, "order.hung", fmt.Sprint("o-", i%2), i))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/brokers/cloudevent"
@@ -27,6 +29,12 @@ const brokerHelp = `Broker URLs (--broker):
       ?exchange_type=topic|direct
       ?consumers=billing,mailer  declare these consumers' queues before publishing
   kafka://host1:9092,host2:9092     Kafka, acks=all, idempotent producer
+      ?transactional=true        with --mode log: each batch in a Kafka transaction with the
+                                 log position, so read_committed consumers see each event once
+                                 (its transactional ID is txoutbox-SLOT or txoutbox-STREAM)
+      ?transactional_id=NAME     that ID instead
+      ?position_topic=NAME       where positions are stored (default txoutbox-positions)
+      ?transaction_timeout=1m    the transaction timeout
   sns://?region=eu-west-1&create_topics=true   AWS SNS
       ?endpoint=http://localhost:4100  an emulator or a VPC endpoint
       ?topic_arn_prefix=arn:aws:sns:eu-west-1:123456789012:
@@ -57,7 +65,7 @@ var brokerParams = map[string][]string{
 	// Ours, then those of the AMQP client's URI.
 	"amqp":  {"exchange", "exchange_type", "consumers", "heartbeat", "connection_timeout", "channel_max", "frame_max", "auth_mechanism"},
 	"amqps": {"exchange", "exchange_type", "consumers", "heartbeat", "connection_timeout", "channel_max", "frame_max", "auth_mechanism", "certfile", "keyfile", "cacertfile", "server_name_indication"},
-	"kafka": {},
+	"kafka": {"transactional", "transactional_id", "position_topic", "transaction_timeout"},
 	"sns":   {"region", "endpoint", "create_topics", "topic_arn_prefix", "max_batch_size", "fifo_only"},
 	"nats":  {"stream", "subjects", "duplicate_window", "ack_timeout", "tls"},
 }
@@ -119,6 +127,34 @@ func checkBrokerURL(rawURL string) error {
 	return checkParams(scheme, query)
 }
 
+// kafkaTransactional reads a kafka:// URL's transaction parameters; nil
+// when it asks for none.
+func kafkaTransactional(q url.Values, txID string) (*kafkabroker.Transactional, error) {
+	on := q.Get("transactional")
+	switch on {
+	case "", "false":
+		if q.Get("transactional_id") != "" || q.Get("position_topic") != "" || q.Get("transaction_timeout") != "" {
+			return nil, usagef("kafka:// ?transactional_id, ?position_topic and ?transaction_timeout need ?transactional=true")
+		}
+		return nil, nil
+	case "true":
+	default:
+		return nil, usagef("kafka:// ?transactional=%q: want true or false", on)
+	}
+	if txID == "" {
+		return nil, usagef("kafka:// ?transactional=true needs the relay in log mode (--mode log): its batches carry the log position that makes them exactly once; elsewhere each relay would fence the others (see docs/kafka-exactly-once.md)")
+	}
+	tx := &kafkabroker.Transactional{ID: cmp.Or(q.Get("transactional_id"), txID), PositionTopic: q.Get("position_topic")}
+	if s := q.Get("transaction_timeout"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return nil, usagef("kafka:// ?transaction_timeout=%q: want a positive duration such as 1m", s)
+		}
+		tx.Timeout = d
+	}
+	return tx, nil
+}
+
 // checkParams refuses a query parameter the broker scheme does not take.
 func checkParams(scheme string, query url.Values) error {
 	params := brokerParams[scheme]
@@ -137,8 +173,10 @@ func checkParams(scheme string, query url.Values) error {
 	return nil
 }
 
-// openBroker connects to the broker of rawURL.
-func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.Logger) (publisher, error) {
+// openBroker connects to the broker of rawURL. txID is the Kafka
+// transactional ID that ?transactional=true takes when the URL names none:
+// the log relay's (txoutbox-SLOT), or "" where transactions are refused.
+func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.Logger, txID string) (publisher, error) {
 	if err := checkBrokerURL(rawURL); err != nil {
 		return nil, err
 	}
@@ -193,7 +231,11 @@ func openBroker(ctx context.Context, rawURL string, stdout io.Writer, log *slog.
 		if len(brokers) == 0 {
 			return nil, usagef("kafka:// needs at least one host:port")
 		}
-		p, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: brokers, CloudEvents: ce})
+		tx, err := kafkaTransactional(q, txID)
+		if err != nil {
+			return nil, err
+		}
+		p, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: brokers, CloudEvents: ce, Transactional: tx})
 		if err != nil {
 			return nil, fmt.Errorf("connect to kafka %v: %w", brokers, err)
 		}

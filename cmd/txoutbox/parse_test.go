@@ -99,9 +99,18 @@ func TestSink(t *testing.T) {
 
 func TestOpenBrokerUsage(t *testing.T) {
 	t.Parallel()
-	for _, bad := range []string{"", "rabbit", "nats://x", "nats://h:4222?stream=S&colour=red", "nats://h:4222?stream=S&ack_timeout=-1s", "amqp://h/?cloudevents=binary", "kafka://h:9092?cloudevents=envelope&cloudevents_source=/x", "log://?cloudevents=binary", "redis://x", "kafka://", "kafka://h:9092?acks=1", "sns://?colour=red"} {
-		if _, err := openBroker(context.Background(), bad, io.Discard, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrUsage) {
+	for _, bad := range []string{"", "rabbit", "nats://x", "nats://h:4222?stream=S&colour=red", "nats://h:4222?stream=S&ack_timeout=-1s", "amqp://h/?cloudevents=binary", "kafka://h:9092?cloudevents=envelope&cloudevents_source=/x", "log://?cloudevents=binary", "redis://x", "kafka://", "kafka://h:9092?acks=1", "sns://?colour=red",
+		// Transactions only for a log relay (its ID is "" elsewhere), and
+		// their parameters only with them.
+		"kafka://h:9092?transactional=true", "kafka://h:9092?transactional_id=x", "kafka://h:9092?transactional=yes"} {
+		if _, err := openBroker(context.Background(), bad, io.Discard, slog.New(slog.DiscardHandler), ""); !errors.Is(err, ErrUsage) {
 			t.Errorf("openBroker(%q): %v, want ErrUsage", bad, err)
+		}
+	}
+	for _, bad := range []string{"kafka://h:9092?transactional=true&transaction_timeout=soon", "kafka://h:9092?transactional=true&position_topic=a%20b"} {
+		_, err := openBroker(context.Background(), bad, io.Discard, slog.New(slog.DiscardHandler), "txoutbox-slot")
+		if !errors.Is(err, ErrUsage) && !errors.Is(err, core.ErrInvalidOptions) {
+			t.Errorf("openBroker(%q) for a log relay: %v, want ErrUsage or core.ErrInvalidOptions", bad, err)
 		}
 	}
 }

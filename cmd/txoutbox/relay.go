@@ -306,9 +306,18 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	}); err != nil {
 		return err
 	}
+	// A log relay's Kafka transactions are named after what it streams:
+	// the relays of one slot (or stream) fence each other, and only them.
+	var txID string
+	if f.mode == "log" {
+		txID = "txoutbox-" + f.slot
+		if db.dialect != dialect.Postgres {
+			txID = "txoutbox-" + f.stream
+		}
+	}
 	var pub publisher
 	if err := a.awaitDependency(ctx, "broker", redact(f.broker), f.failFast, func(ctx context.Context) error {
-		p, err := openBroker(ctx, f.broker, a.stdout, a.log)
+		p, err := openBroker(ctx, f.broker, a.stdout, a.log, txID)
 		pub = p
 		return err
 	}); err != nil {

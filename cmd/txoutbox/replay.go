@@ -132,7 +132,7 @@ func (a *app) replayArchive(ctx context.Context, from, prefix, broker string, ba
 	if f.All && !yes && !a.confirm("Publish every archived event again? [y/N] ") {
 		return ErrAborted
 	}
-	pub, err := openBroker(ctx, broker, a.stdout, a.log)
+	pub, err := openBroker(ctx, broker, a.stdout, a.log, "")
 	if err != nil {
 		return err
 	}

@@ -102,8 +102,7 @@ func run(ctx context.Context, c config, log *slog.Logger) (core.RelayCounters, e
 			renames[from] = to
 		}
 	}
-	// TLS or SASL: set Net.TLS / Net.SASL on kafkabroker.NewSaramaConfig()
-	// and pass it as Options.Sarama.
+	// TLS or SASL: pass kgo.DialTLSConfig / kgo.SASL as Options.Client.
 	pub, err := kafkabroker.NewPublisher(kafkabroker.Options{Brokers: brokers, Topic: kafkabroker.TopicMap(renames)})
 	if err != nil {
 		return core.RelayCounters{}, err

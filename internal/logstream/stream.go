@@ -76,6 +76,13 @@ type Options struct {
 	// confirmed meanwhile, and what the reader reads waits in memory.
 	// 0 hands a failed batch over at once.
 	HoldOnBrokerDown time.Duration
+	// Positions, when not nil, is what Publisher wraps (or is) that
+	// stores the stream's position with each batch, atomically
+	// (core.PositionPublisher): the stream then publishes each batch in
+	// one call whose context carries the position it ends at, and skips
+	// what the log sends again up to the position it finds stored when a
+	// session starts.
+	Positions core.PositionPublisher
 }
 
 // DefaultHoldOnBrokerDown is the readers' default HoldOnBrokerDown.
@@ -87,6 +94,9 @@ type Counters struct {
 	// Scheduled counts events handed to the table to wait for their
 	// NotBefore.
 	Scheduled int64
+	// Skipped counts events read again that the broker already had with
+	// the stream's position (Options.Positions).
+	Skipped int64
 }
 
 // Stream is the publishing half of log mode. Its methods are safe for
@@ -107,7 +117,7 @@ type Stream struct {
 	brokerDown  atomic.Bool
 	tableAtDown atomic.Int64 // the table relay's Published when the stream found the broker down
 	storeDown   atomic.Bool
-	c           struct{ published, failed, held, confirms, streams, scheduled atomic.Int64 }
+	c           struct{ published, failed, held, confirms, streams, scheduled, skipped atomic.Int64 }
 }
 
 // New returns a Stream.
@@ -175,6 +185,7 @@ func (s *Stream) Counters() Counters {
 	return Counters{
 		Published: s.c.published.Load(), Failed: s.c.failed.Load(), Held: s.c.held.Load(),
 		Confirms: s.c.confirms.Load(), Streams: s.c.streams.Load(), Scheduled: s.c.scheduled.Load(),
+		Skipped: s.c.skipped.Load(),
 	}
 }
 
@@ -214,6 +225,21 @@ func (s *Stream) Publish(ctx context.Context, in <-chan Item) error {
 	waits := map[string]*waiting{}
 	var heldAt time.Time
 	prevEnd := s.confirmed.Load()
+	// With Positions, what the broker already has (a batch published
+	// before a kill, and not confirmed to the database) is skipped.
+	var skipThrough uint64
+	if pp := s.opts.Positions; pp != nil {
+		var err error
+		if skipThrough, err = pp.CommittedPosition(ctx); err != nil {
+			s.brokerDown.Store(true)
+			return fmt.Errorf("txoutbox: log: read the position stored with the broker: %w", err)
+		}
+		s.brokerDown.Store(false)
+		if skipThrough > prevEnd {
+			s.log.Info("txoutbox: log: the broker has events past the confirmed position; they are not sent again",
+				"confirmed", prevEnd, "broker_position", skipThrough)
+		}
+	}
 	if s.order {
 		if err := s.refreshHeld(ctx, held); err != nil {
 			return err
@@ -258,9 +284,22 @@ func (s *Stream) Publish(ctx context.Context, in <-chan Item) error {
 		var direct []core.Event
 		var scheduled []Row
 		for _, it := range batch {
+			if it.End <= skipThrough && len(it.Events) > 0 {
+				s.c.skipped.Add(int64(len(it.Events)))
+				s.inflight.Add(-int64(len(it.Events)))
+				prevEnd = max(prevEnd, it.End)
+				continue
+			}
 			for _, ev := range it.Events {
 				if !ev.NotBefore.IsZero() {
 					scheduled = append(scheduled, Row{Event: &ev, Scheduled: true})
+					continue
+				}
+				if s.order && ev.AggregateID != "" && held[ev.AggregateID] && s.opts.Positions != nil {
+					// The stored position covers every event before it,
+					// so none may wait in memory past it: the event
+					// goes to the table behind the one it follows.
+					scheduled = append(scheduled, Row{Event: &ev})
 					continue
 				}
 				if s.order && ev.AggregateID != "" && (held[ev.AggregateID] || waits[ev.AggregateID] != nil) {
@@ -285,7 +324,13 @@ func (s *Stream) Publish(ctx context.Context, in <-chan Item) error {
 			s.inflight.Add(-int64(len(scheduled)))
 		}
 		if len(direct) > 0 {
-			if err := s.handle(ctx, direct, held); err != nil {
+			handle := s.handle
+			if s.opts.Positions != nil {
+				handle = func(ctx context.Context, events []core.Event, held map[string]bool) error {
+					return s.handleThrough(ctx, events, prevEnd, held)
+				}
+			}
+			if err := handle(ctx, direct, held); err != nil {
 				return err
 			}
 			s.inflight.Add(-int64(len(direct)))
@@ -455,6 +500,79 @@ func (s *Stream) handle(ctx context.Context, events []core.Event, held map[strin
 	return s.toTable(ctx, toTable, held)
 }
 
+// handleThrough publishes events with the position end, in one call. Events the broker refuses for good go to the table
+// as dead letters (in ordered mode with the later events of their
+// aggregates behind them), and the rest is published again without them.
+// A batch the broker does not take is retried with backoff for up to
+// HoldOnBrokerDown, and never handed to the table: after each failure the
+// stream reads the stored position again, which tells it whether a commit
+// whose outcome it did not learn went through. After that it returns an
+// error: the session ends, and the next one starts from the position.
+func (s *Stream) handleThrough(ctx context.Context, events []core.Event, end uint64, held map[string]bool) error {
+	deadline := time.Now().Add(s.opts.HoldOnBrokerDown)
+	wait := 50 * time.Millisecond
+	for len(events) > 0 {
+		fails, permanent, err := s.publish(ctx, events, &end)
+		if err != nil {
+			return err
+		}
+		var rows []Row
+		var rest []core.Event
+		stopped := map[string]bool{}
+		var first *core.Failure
+		for i := range events {
+			ev := &events[i]
+			switch {
+			case fails[i] != nil && permanent[i]:
+				f := *fails[i]
+				f.Dead = true
+				rows = append(rows, Row{Event: ev, Failure: &f})
+				if s.order && ev.AggregateID != "" {
+					stopped[ev.AggregateID] = true
+				}
+			case s.order && ev.AggregateID != "" && stopped[ev.AggregateID]:
+				rows = append(rows, Row{Event: ev})
+			default:
+				rest = append(rest, *ev)
+				if fails[i] != nil && first == nil {
+					first = fails[i]
+				}
+			}
+		}
+		if first == nil {
+			// Taken, but for the events refused for good.
+			return s.toTable(ctx, rows, held)
+		}
+		if len(rows) > 0 {
+			// The others were held back by these: send them again
+			// without them, at once.
+			if err := s.toTable(ctx, rows, held); err != nil {
+				return err
+			}
+			events = rest
+			continue
+		}
+		if time.Now().Add(wait).After(deadline) {
+			return fmt.Errorf("txoutbox: log: the broker took no transaction for %s: %s", s.opts.HoldOnBrokerDown, first.Err)
+		}
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+		wait = min(2*wait, time.Second)
+		pos, err := s.opts.Positions.CommittedPosition(ctx)
+		if err != nil {
+			continue
+		}
+		if pos >= end {
+			// The commit went through; only its answer was lost.
+			s.c.published.Add(int64(len(events)))
+			s.brokerDown.Store(false)
+			return nil
+		}
+	}
+	return nil
+}
+
 // publishHeld is publish, retried with backoff for up to HoldOnBrokerDown
 // while the broker takes no event of the batch and no failure is
 // permanent.
@@ -462,7 +580,7 @@ func (s *Stream) publishHeld(ctx context.Context, events []core.Event) ([]*core.
 	deadline := time.Now().Add(s.opts.HoldOnBrokerDown)
 	wait := 50 * time.Millisecond
 	for {
-		fails, err := s.publish(ctx, events)
+		fails, _, err := s.publish(ctx, events, nil)
 		if err != nil || !allTransient(fails) || time.Now().Add(wait).After(deadline) {
 			return fails, err
 		}
@@ -483,9 +601,11 @@ func allTransient(fails []*core.Failure) bool {
 	return len(fails) > 0
 }
 
-// publish publishes events and returns each one's failure (nil when the
-// broker accepted it). Its error is only ctx's.
-func (s *Stream) publish(ctx context.Context, events []core.Event) ([]*core.Failure, error) {
+// publish publishes events (with Positions and a non-nil end, together
+// with that position) and returns each one's failure (nil when the broker
+// accepted it) and whether that failure is for good. Its error is only
+// ctx's.
+func (s *Stream) publish(ctx context.Context, events []core.Event, end *uint64) ([]*core.Failure, []bool, error) {
 	pctx, cancel := ctx, context.CancelFunc(func() {})
 	if d := s.ropts.PublishTimeout; d > 0 {
 		pctx, cancel = context.WithTimeoutCause(ctx, d, core.ErrPublishTimeout)
@@ -496,6 +616,9 @@ func (s *Stream) publish(ctx context.Context, events []core.Event) ([]*core.Fail
 				err = fmt.Errorf("txoutbox: publisher panicked: %v", p)
 			}
 		}()
+		if end != nil {
+			pctx = core.WithPosition(pctx, *end)
+		}
 		return s.opts.Publisher.Publish(pctx, events)
 	}()
 	timedOut := errors.Is(context.Cause(pctx), core.ErrPublishTimeout)
@@ -505,10 +628,11 @@ func (s *Stream) publish(ctx context.Context, events []core.Event) ([]*core.Fail
 		// A publish that returned nil was taken whole, stop or not: the
 		// stop's stored position must cover it, or the next relay sends
 		// it again.
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	errs := core.EventErrors(err, len(events))
 	fails := make([]*core.Failure, len(events))
+	permanent := make([]bool, len(events))
 	var ok, failed int
 	var first error
 	for i, e := range errs {
@@ -527,9 +651,10 @@ func (s *Stream) publish(ctx context.Context, events []core.Event) ([]*core.Fail
 		if limit := s.ropts.MaxErrorLength; limit > 0 && len(msg) > limit {
 			msg = strings.ToValidUTF8(msg[:limit], "")
 		}
+		permanent[i] = core.IsPermanent(e)
 		fails[i] = &core.Failure{
 			Seq: events[i].Seq, Err: msg, RetryIn: s.ropts.Retry.Backoff(1),
-			Dead: core.IsPermanent(e) || s.ropts.Retry.Exhausted(1),
+			Dead: permanent[i] || s.ropts.Retry.Exhausted(1),
 		}
 	}
 	s.c.published.Add(int64(ok))
@@ -539,7 +664,7 @@ func (s *Stream) publish(ctx context.Context, events []core.Event) ([]*core.Fail
 			s.log.Info("txoutbox: log: the broker takes events again")
 		}
 	case failed > 0:
-		if s.brokerDown.CompareAndSwap(false, true) {
+		if s.brokerDown.CompareAndSwap(false, true) && end == nil {
 			s.tableAtDown.Store(s.opts.Relay.Counters().Published)
 			s.log.Warn("txoutbox: log: the broker took no event of the batch; the stream retries it, then hands it to the table's retry path (logged once until it takes events again)",
 				"events", len(events), "hold", s.opts.HoldOnBrokerDown, "first_error", first)
@@ -548,7 +673,7 @@ func (s *Stream) publish(ctx context.Context, events []core.Event) ([]*core.Fail
 	if failed > 0 && ok > 0 {
 		s.log.Warn("txoutbox: log: publish failed; the events go to the table's retry path", "failed", failed, "of", len(events), "first_error", first)
 	}
-	return fails, nil
+	return fails, permanent, nil
 }
 
 // toTable writes rows to the table, then wakes its relay and notes the

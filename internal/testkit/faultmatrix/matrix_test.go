@@ -328,12 +328,8 @@ func (c *cell) kafka(t *testing.T) *outboxtest.BrokerFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close() })
-	cfg := kafkabroker.NewSaramaConfig()
-	cfg.Consumer.Group.Session.Timeout = 2 * time.Second
-	cfg.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
 	sub, err := kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: cl.ListenAddrs(), ConsumerGroup: "faults-" + testenv.RandomSuffix(),
-		Sarama: cfg, ReconnectRetrySleep: 200 * time.Millisecond, Logger: quiet})
+		Client: fixtures.KafkaGroupTimings(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/inbox"
 	"github.com/txoutbox/txoutbox/inbox/sqlinbox"
+	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testkit/sqstest"
 )
 
@@ -122,14 +123,10 @@ func subscriber(broker string, log *slog.Logger) (message.Subscriber, error) {
 	}
 	group := env("FC_GROUP")
 	if addrs, ok := strings.CutPrefix(broker, "kafka://"); ok {
-		cfg := kafkabroker.NewSaramaConfig()
 		// A killed member's partitions go to its successor after the
 		// session timeout: keep it short, as the matrix's consumers do.
-		cfg.Consumer.Group.Session.Timeout = 2 * time.Second
-		cfg.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-		cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
 		return kafkabroker.NewSubscriber(kafkabroker.SubscriberOptions{Brokers: strings.Split(addrs, ","), ConsumerGroup: group,
-			Sarama: cfg, ReconnectRetrySleep: 200 * time.Millisecond, Logger: log})
+			Client: fixtures.KafkaGroupTimings(), Logger: log})
 	}
 	if strings.HasPrefix(broker, "nats://") {
 		u, err := url.Parse(broker)
