@@ -19,8 +19,7 @@ import (
 )
 
 // Log mode into Kafka with ?transactional=true: while producers commit
-// events, the relay process is SIGKILLed and started again at least 10
-// times, the broker's connections are reset once and the database is
+// events, the relay process is SIGKILLed and started again 10 times, the broker's connections are reset once and the database is
 // crashed and started once (PostgreSQL's slot then goes back to its last
 // checkpoint and sends recent changes again). A consumer that reads with
 // isolation.level=read_committed, and no inbox, sees every event exactly
@@ -144,17 +143,17 @@ func exactlyOnceRun(t *testing.T, be backend, transactional bool) {
 	}()
 
 	// The faults, counted in events rather than seconds (a loaded machine
-	// produces slower): a kill every 300-450 events; the broker's
+	// produces slower): a kill every 150-250 events; the broker's
 	// connections reset before the 4th, the database crashed before the
 	// 7th.
-	const kills = 12
+	const kills = 10
 	received := func() int {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got)
 	}
 	for k := range kills {
-		at := produced.Load() + 300 + time.Now().UnixNano()%150
+		at := produced.Load() + 150 + time.Now().UnixNano()%100
 		wait.For(t, fmt.Sprintf("%d events produced before kill %d", at, k+1), func() (bool, any) {
 			return produced.Load() >= at, fmt.Sprintf("%d produced, %d received", produced.Load(), received())
 		})
