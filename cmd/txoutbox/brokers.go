@@ -142,7 +142,7 @@ func kafkaTransactional(q url.Values, txID string) (*kafkabroker.Transactional, 
 		return nil, usagef("kafka:// ?transactional=%q: want true or false", on)
 	}
 	if txID == "" {
-		return nil, usagef("kafka:// ?transactional=true needs the relay in log mode (--mode log): its batches carry the log position that makes them exactly once; elsewhere each relay would fence the others (see docs/kafka-exactly-once.md)")
+		return nil, usagef("kafka:// ?transactional=true needs a relay in log mode (--mode log, or mode: log in --config): its batches carry the log position that makes them exactly once; elsewhere each relay would fence the others (see docs/kafka-exactly-once.md)")
 	}
 	tx := &kafkabroker.Transactional{ID: cmp.Or(q.Get("transactional_id"), txID), PositionTopic: q.Get("position_topic")}
 	if s := q.Get("transaction_timeout"); s != "" {

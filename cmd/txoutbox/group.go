@@ -420,7 +420,7 @@ func (a *app) runMember(ctx context.Context, s outboxSpec, ps *pools, states *me
 	var pub publisher
 	states.set(s.Name, state("waiting for its broker"))
 	if err := ma.awaitDependency(ctx, "broker", redact(s.broker), false, func(ctx context.Context) error {
-		p, err := openBroker(ctx, s.broker, a.stdout, log, "")
+		p, err := openBroker(ctx, s.broker, a.stdout, log, logTxID(s.Mode, db.dialect, s.Slot, s.Stream))
 		pub = p
 		return err
 	}); err != nil || ctx.Err() != nil {

@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/logrelay"
@@ -435,4 +439,82 @@ func TestRelayConfigMaxConnections(t *testing.T) {
 	if !strings.Contains(stderr.String(), `"per_database":2`) {
 		t.Errorf("the relay did not log the cap:\n%s", stderr.String())
 	}
+}
+
+// An outbox of relay --config in log mode publishes to Kafka with
+// ?transactional=true (its transactional ID named after its slot): a
+// read_committed reader gets every event once. A table-mode outbox with
+// the same URL is refused before anything runs.
+func TestRelayConfigKafkaTransactional(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	broker := "kafka://" + strings.Join(c.ListenAddrs(), ",") + "?transactional=true"
+
+	table := newFixture(t)
+	refused := filepath.Join(t.TempDir(), "refused.yaml")
+	if err := os.WriteFile(refused, []byte("outboxes:\n  - name: t\n    dsn: "+table.dsn+"\n    broker: '"+broker+"'\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, refusedLog, _ := startRelayEnv(t, nil, table.dsn, "--config", refused)
+	wait.Until(t, "the table-mode outbox's broker refused for ?transactional=true", func() bool {
+		return strings.Contains(refusedLog.String(), "needs a relay in log mode")
+	})
+
+	pgDSN := testenv.PostgresDSN(t)
+	slot := "grptx_" + testenv.RandomSuffix()
+	t.Cleanup(func() { // before the database is dropped
+		_ = logrelay.Teardown(context.Background(), pgDSN, logrelay.Names{Slot: slot, Publication: slot}, logrelay.TeardownOptions{Force: true})
+	})
+	ok(t, pgDSN, "migrate", "--mode", "log", "--slot", slot, "--publication", slot)
+	pgLog := openFixture(t, "pgx", pgDSN, pgDSN)
+	conf := filepath.Join(t.TempDir(), "outboxes.yaml")
+	if err := os.WriteFile(conf, []byte("outboxes:\n  - name: pg-log\n    dsn: "+pgDSN+"\n    broker: '"+broker+"'\n    mode: log\n    slot: "+slot+"\n    publication: "+slot+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, stderr, _ := startRelayEnv(t, nil, pgDSN, "--config", conf)
+	eventType := "cli.kafka.tx." + testenv.RandomSuffix()
+	evs := pgLog.enqueue(t, eventType, "a", 10)
+	cons, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(eventType), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	got := map[string]int{}
+	wait.For(t, "the outbox's events, committed, at a read_committed reader", func() (bool, any) {
+		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+		defer cancel()
+		for _, r := range cons.PollFetches(ctx).Records() {
+			for _, h := range r.Headers {
+				if h.Key == core.HeaderEventID {
+					got[string(h.Value)]++
+				}
+			}
+		}
+		return len(got) >= len(evs), len(got)
+	})
+	for _, ev := range evs {
+		if got[ev.ID] != 1 {
+			t.Errorf("event %s read %d times, want once\n%s", ev.ID, got[ev.ID], stderr.String())
+		}
+	}
+	// Published in transactions with the slot's position, under its ID.
+	pos, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("txoutbox-positions"), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pos.Close()
+	wait.Until(t, "a position record keyed txoutbox-"+slot, func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+		defer cancel()
+		for _, r := range pos.PollFetches(ctx).Records() {
+			if string(r.Key) == "txoutbox-"+slot {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -306,15 +306,7 @@ func (a *app) runRelay(ctx context.Context, f relayFlags) error {
 	}); err != nil {
 		return err
 	}
-	// A log relay's Kafka transactions are named after what it streams:
-	// the relays of one slot (or stream) fence each other, and only them.
-	var txID string
-	if f.mode == "log" {
-		txID = "txoutbox-" + f.slot
-		if db.dialect != dialect.Postgres {
-			txID = "txoutbox-" + f.stream
-		}
-	}
+	txID := logTxID(f.mode, db.dialect, f.slot, f.stream)
 	var pub publisher
 	if err := a.awaitDependency(ctx, "broker", redact(f.broker), f.failFast, func(ctx context.Context) error {
 		p, err := openBroker(ctx, f.broker, a.stdout, a.log, txID)
@@ -601,6 +593,20 @@ func publishTimeout(d time.Duration) time.Duration {
 type relayRunner interface {
 	Run(context.Context) error
 	Health() core.RelayHealth
+}
+
+// logTxID is the Kafka transactional ID of a relay in mode: in log mode
+// it is named after what the relay streams, so that the relays of one
+// slot (or stream) fence each other, and only them; "" in table mode,
+// where transactions are refused.
+func logTxID(mode string, d dialect.Dialect, slot, stream string) string {
+	switch {
+	case mode != "log":
+		return ""
+	case d == dialect.Postgres:
+		return "txoutbox-" + slot
+	}
+	return "txoutbox-" + stream
 }
 
 // logrelayNames names a log-mode outbox: its table, and the slot and
