@@ -91,9 +91,8 @@ type Options struct {
 // producer. Records are in watermill-kafka's format (see NewSubscriber), so
 // Watermill subscribers read them as messages whose UUID is the event ID.
 type Publisher struct {
-	opts  Options
-	base  []kgo.Opt // the client options, in order
-	topic core.TopicFunc
+	opts Options
+	base []kgo.Opt // the client options, in order
 
 	// rw guards closed and cl, the plain client: Publish holds the read
 	// lock, Close the write lock.
@@ -151,7 +150,7 @@ func NewPublisher(opts Options) (*Publisher, error) {
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))),
 		kgo.ProducerBatchMaxBytes(int32(opts.MaxRecordBytes)),
 	)
-	p := &Publisher{opts: opts, base: base, topic: opts.Topic}
+	p := &Publisher{opts: opts, base: base}
 	cl, err := p.connect(false)
 	if err != nil {
 		return nil, err
@@ -204,7 +203,7 @@ func fnv32a(b []byte) uint32 {
 
 // record is one event as a Kafka record, or the reason it cannot be one.
 func (p *Publisher) record(ctx context.Context, ev *core.Event) (*kgo.Record, error) {
-	topic := p.topic(ev)
+	topic := p.opts.Topic(ev)
 	if err := validTopic(topic); err != nil {
 		return nil, core.Permanent(fmt.Errorf("%w: %s event %s: %w", core.ErrInvalidEvent, ev.EventType, ev.ID, err))
 	}
@@ -300,7 +299,7 @@ func (p *Publisher) await(ctx context.Context, events []core.Event, acks <-chan 
 
 // failed wraps the error Kafka gave an event's record.
 func (p *Publisher) failed(ev *core.Event, err error) error {
-	err = fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, ev.EventType, ev.ID, p.topic(ev), err)
+	err = fmt.Errorf("%w: %s event %s to topic %q: %w", ErrPublish, ev.EventType, ev.ID, p.opts.Topic(ev), err)
 	if refusedForGood(err) {
 		err = core.Permanent(err)
 	}

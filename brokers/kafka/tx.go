@@ -1,6 +1,7 @@
 package kafkabroker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -152,7 +153,7 @@ func (p *Publisher) readPosition(ctx context.Context) (uint64, error) {
 	}
 	end, ok := ends.Lookup(t.PositionTopic, 0)
 	if !ok || end.Err != nil {
-		return 0, fmt.Errorf("no end offset for partition 0: %w", cmpErr(end.Err, kerr.UnknownTopicOrPartition))
+		return 0, fmt.Errorf("no end offset for partition 0: %w", cmp.Or(end.Err, error(kerr.UnknownTopicOrPartition)))
 	}
 	starts, err := adm.ListStartOffsets(ctx, t.PositionTopic)
 	if err != nil {
@@ -179,12 +180,16 @@ func (p *Publisher) readPosition(ctx context.Context) (uint64, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	// Each window reads only what the one before did not: a record of the
+	// ID found there would have ended the read.
+	to := end.Offset
 	for window := int64(256); ; window *= 8 {
 		from := max(first.Offset, end.Offset-window)
-		pos, found, err := p.scanPositions(ctx, from, end.Offset)
+		pos, found, err := p.scanPositions(ctx, from, to)
 		if err != nil || found || from == first.Offset {
 			return pos, err
 		}
+		to = from
 	}
 }
 
@@ -268,6 +273,15 @@ func (p *Publisher) publishTx(ctx context.Context, events []core.Event, pos uint
 		return fmt.Errorf("%w: kafkabroker: publisher closed", core.ErrClosed)
 	}
 	be := core.NewBatchError(len(events))
+	// failAll fails every event that has no error yet with err.
+	failAll := func(err error) error {
+		for i := range events {
+			if be.Errs[i] == nil {
+				be.Errs[i] = fmt.Errorf("%w: %s event %s: %w", ErrPublish, events[i].EventType, events[i].ID, err)
+			}
+		}
+		return be
+	}
 	recs := make([]*kgo.Record, len(events))
 	bad := false
 	for i := range events {
@@ -278,23 +292,10 @@ func (p *Publisher) publishTx(ctx context.Context, events []core.Event, pos uint
 		recs[i] = rec
 	}
 	if bad {
-		for i := range events {
-			if be.Errs[i] == nil {
-				be.Errs[i] = fmt.Errorf("%w: %s event %s: %w", ErrPublish, events[i].EventType, events[i].ID, errHeldBack)
-			}
-		}
-		return be
+		return failAll(errHeldBack)
 	}
 	v, _ := json.Marshal(position{Position: pos})
 	recs = append(recs, &kgo.Record{Topic: t.PositionTopic, Key: []byte(t.ID), Value: v})
-	failAll := func(err error) error {
-		for i := range events {
-			if be.Errs[i] == nil {
-				be.Errs[i] = fmt.Errorf("%w: %s event %s: %w", ErrPublish, events[i].EventType, events[i].ID, err)
-			}
-		}
-		return be
-	}
 	if p.tx == nil {
 		cl, err := p.connect(true)
 		if err != nil {
@@ -373,11 +374,4 @@ func (p *Publisher) drop() {
 		p.tx.Close()
 		p.tx = nil
 	}
-}
-
-func cmpErr(err, otherwise error) error {
-	if err != nil {
-		return err
-	}
-	return otherwise
 }

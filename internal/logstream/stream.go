@@ -324,13 +324,13 @@ func (s *Stream) Publish(ctx context.Context, in <-chan Item) error {
 			s.inflight.Add(-int64(len(scheduled)))
 		}
 		if len(direct) > 0 {
-			handle := s.handle
+			var err error
 			if s.opts.Positions != nil {
-				handle = func(ctx context.Context, events []core.Event, held map[string]bool) error {
-					return s.handleThrough(ctx, events, prevEnd, held)
-				}
+				err = s.handleThrough(ctx, direct, prevEnd, held)
+			} else {
+				err = s.handle(ctx, direct, held)
 			}
-			if err := handle(ctx, direct, held); err != nil {
+			if err != nil {
 				return err
 			}
 			s.inflight.Add(-int64(len(direct)))
@@ -500,9 +500,10 @@ func (s *Stream) handle(ctx context.Context, events []core.Event, held map[strin
 	return s.toTable(ctx, toTable, held)
 }
 
-// handleThrough publishes events with the position end, in one call. Events the broker refuses for good go to the table
-// as dead letters (in ordered mode with the later events of their
-// aggregates behind them), and the rest is published again without them.
+// handleThrough publishes events with the position end, in one call.
+// Events the broker refuses for good go to the table as dead letters (in
+// ordered mode with the later events of their aggregates behind them), and
+// the rest is published again without them.
 // A batch the broker does not take is retried with backoff for up to
 // HoldOnBrokerDown, and never handed to the table: after each failure the
 // stream reads the stored position again, which tells it whether a commit
