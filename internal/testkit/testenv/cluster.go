@@ -49,8 +49,8 @@ func StartCluster(t testing.TB) *Cluster {
 		os.RemoveAll(dir)
 	})
 	c.mustPG(t, "initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
-	conf := fmt.Sprintf("listen_addresses = '127.0.0.1'\nport = %d\nunix_socket_directories = '%s'\nfsync = on\nsynchronous_commit = on\n"+
-		"max_connections = 100\nwal_level = logical\nmax_wal_senders = 10\nmax_replication_slots = 10\n", port, dir)
+	conf := fmt.Sprintf("listen_addresses = '127.0.0.1'\nport = %d\nunix_socket_directories = '%s'\nfsync = %s\nfull_page_writes = %[3]s\nsynchronous_commit = on\n"+
+		"max_connections = 100\nwal_level = logical\nmax_wal_senders = 10\nmax_replication_slots = 10\n", port, dir, onOff(Fsync()))
 	f, err := os.OpenFile(filepath.Join(c.data(), "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -32,6 +32,19 @@ func Env(t testing.TB, name string) string {
 	return v
 }
 
+// Fsync reports whether the servers tests start of their own flush each
+// commit to disk, as scripts/services.sh's do: yes unless TXOUTBOX_FSYNC
+// is "off" (make test). Their crashes kill the server process, whose
+// writes the page cache keeps, so the outcome is the same either way.
+func Fsync() bool { return os.Getenv("TXOUTBOX_FSYNC") != "off" }
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
 // PostgresDSN returns the DSN of a new, empty PostgreSQL database made for
 // this test and dropped when it ends.
 func PostgresDSN(t testing.TB) string {
