@@ -92,72 +92,103 @@ func kinds(cs []ordered.LeaseChange, k ordered.LeaseChangeKind) (n int, from []s
 func TestLeaserAcquireRebalanceExpiryTakeover(t *testing.T) {
 	t.Parallel()
 	forDialects(t, func(t *testing.T, d dialect.Dialect) {
-		db := migrated(t, d)
-		const n = 8
-		ttl := 1500 * time.Millisecond
-		logA, logB := &changeLog{}, &changeLog{}
-		a := newLeaser(t, db, d, "relay-a", n, ttl, logA)
-		b := newLeaser(t, db, d, "relay-b", n, ttl, logB)
-
-		tick(t, a)
-		if got := a.Held(); len(got) != n {
-			t.Fatalf("single relay holds %v, want all %d partitions", got, n)
-		}
-		if c, _ := kinds(logA.take(), ordered.Acquired); c != n {
-			t.Fatalf("%d acquisitions reported, want %d", c, n)
-		}
-
-		// b joins: nothing is free, so a must give up its excess first.
-		tick(t, b)
-		if got := b.Held(); len(got) != 0 {
-			t.Fatalf("b took %v while a's leases are live", got)
-		}
-		tick(t, a, b)
-		if len(a.Held()) != n/2 || len(b.Held()) != n/2 || checkDisjoint(t, a, b) != n {
-			t.Fatalf("after rebalance a=%v b=%v, want %d each, disjoint", a.Held(), b.Held(), n/2)
-		}
-		if c, _ := kinds(logA.take(), ordered.Released); c != n/2 {
-			t.Fatalf("a reported %d releases, want %d", c, n/2)
-		}
-		// Renewing keeps the split stable.
-		before := b.Held()
-		tick(t, a, b, a, b)
-		if !slices.Equal(b.Held(), before) {
-			t.Fatalf("b's partitions moved from %v to %v without a join or leave", before, b.Held())
-		}
-
-		// a stops renewing (a crash): after the TTL b takes over everything,
-		// and a no longer claims its partitions.
-		logB.take()
-		time.Sleep(ttl + 200*time.Millisecond)
-		if got := a.Held(); got != nil {
-			t.Fatalf("a still reports %v after its leases expired", got)
-		}
-		tick(t, b)
-		if len(b.Held()) != n {
-			t.Fatalf("b holds %v after a's leases expired, want all", b.Held())
-		}
-		taken, from := kinds(logB.take(), ordered.Acquired)
-		if taken != n/2 || b.Stats().Takeovers != n/2 {
-			t.Fatalf("b took %d leases (%d takeovers), want %d", taken, b.Stats().Takeovers, n/2)
-		}
-		for _, f := range from {
-			if f != "relay-a" {
-				t.Fatalf("takeover from %q, want relay-a", f)
-			}
-		}
-
-		// a comes back: its renewals find the leases gone.
-		tick(t, a)
-		if lost, _ := kinds(logA.take(), ordered.Lost); lost != n/2 {
-			t.Fatalf("a reported %d lost leases, want %d", lost, n/2)
-		}
-		checkDisjoint(t, a, b)
-		tick(t, b, a)
-		if len(a.Held()) != n/2 || len(b.Held()) != n/2 || checkDisjoint(t, a, b) != n {
-			t.Fatalf("after a's return a=%v b=%v, want %d each", a.Held(), b.Held(), n/2)
+		for attempt := 1; !leaserScenario(t, d); attempt++ {
+			t.Logf("attempt %d: a round of ticks took over half the lease TTL, so leases renewed at its start may have run out before the checks; the run says nothing about the leaser, again", attempt)
 		}
 	})
+}
+
+// leaserScenario is TestLeaserAcquireRebalanceExpiryTakeover's run on a
+// database of its own. It reports false, having judged nothing since, as
+// soon as a round of ticks outlasts half the TTL: the leases are real
+// server-side leases on the wall clock, and a machine that slow lets them
+// expire between a round and its checks.
+func leaserScenario(t *testing.T, d dialect.Dialect) bool {
+	db := migrated(t, d)
+	const n = 8
+	ttl := 3 * time.Second
+	logA, logB := &changeLog{}, &changeLog{}
+	a := newLeaser(t, db, d, "relay-a", n, ttl, logA)
+	b := newLeaser(t, db, d, "relay-b", n, ttl, logB)
+	round := func(ls ...*ordered.Leaser) bool {
+		start := time.Now()
+		tick(t, ls...)
+		return time.Since(start) < ttl/2
+	}
+
+	if !round(a) {
+		return false
+	}
+	if got := a.Held(); len(got) != n {
+		t.Fatalf("single relay holds %v, want all %d partitions", got, n)
+	}
+	if c, _ := kinds(logA.take(), ordered.Acquired); c != n {
+		t.Fatalf("%d acquisitions reported, want %d", c, n)
+	}
+
+	// b joins: nothing is free, so a must give up its excess first.
+	if !round(b) {
+		return false
+	}
+	if got := b.Held(); len(got) != 0 {
+		t.Fatalf("b took %v while a's leases are live", got)
+	}
+	if !round(a, b) {
+		return false
+	}
+	if len(a.Held()) != n/2 || len(b.Held()) != n/2 || checkDisjoint(t, a, b) != n {
+		t.Fatalf("after rebalance a=%v b=%v, want %d each, disjoint", a.Held(), b.Held(), n/2)
+	}
+	if c, _ := kinds(logA.take(), ordered.Released); c != n/2 {
+		t.Fatalf("a reported %d releases, want %d", c, n/2)
+	}
+	// Renewing keeps the split stable.
+	before := b.Held()
+	if !round(a, b, a, b) {
+		return false
+	}
+	if !slices.Equal(b.Held(), before) {
+		t.Fatalf("b's partitions moved from %v to %v without a join or leave", before, b.Held())
+	}
+
+	// a stops renewing (a crash): after the TTL b takes over everything,
+	// and a no longer claims its partitions.
+	logB.take()
+	time.Sleep(ttl + 200*time.Millisecond)
+	if got := a.Held(); got != nil {
+		t.Fatalf("a still reports %v after its leases expired", got)
+	}
+	if !round(b) {
+		return false
+	}
+	if len(b.Held()) != n {
+		t.Fatalf("b holds %v after a's leases expired, want all", b.Held())
+	}
+	taken, from := kinds(logB.take(), ordered.Acquired)
+	if taken != n/2 || b.Stats().Takeovers != n/2 {
+		t.Fatalf("b took %d leases (%d takeovers), want %d", taken, b.Stats().Takeovers, n/2)
+	}
+	for _, f := range from {
+		if f != "relay-a" {
+			t.Fatalf("takeover from %q, want relay-a", f)
+		}
+	}
+
+	// a comes back: its renewals find the leases gone.
+	if !round(a) {
+		return false
+	}
+	if lost, _ := kinds(logA.take(), ordered.Lost); lost != n/2 {
+		t.Fatalf("a reported %d lost leases, want %d", lost, n/2)
+	}
+	checkDisjoint(t, a, b)
+	if !round(b, a) {
+		return false
+	}
+	if len(a.Held()) != n/2 || len(b.Held()) != n/2 || checkDisjoint(t, a, b) != n {
+		t.Fatalf("after a's return a=%v b=%v, want %d each", a.Held(), b.Held(), n/2)
+	}
+	return true
 }
 
 // A relay that leaves cleanly releases at once: the others need not wait

@@ -108,15 +108,18 @@ rm -f .services/cpu.log
 export TXOUTBOX_CPU_LOG="$ROOT/.services/cpu.log"
 cpuexec=(-exec "$ROOT/.services/bin/cpuexec")
 
-# Three lanes run beside each other: the fault matrix
-# (internal/testkit/faultmatrix, the longest package, mostly waiting), the
-# other packages, and the tests named TestOutage*, which stop a RabbitMQ
-# server: one package at a time, against a second RabbitMQ node
-# (services.sh) that no other test uses. A test that stops a server of its
-# own (Kafka's kfake, the SNS tests' front) is not named so and runs with
-# the others. go vet and govulncheck run beside them at the lowest CPU
-# priority. The waits of the tests judge progress, not a deadline
-# (internal/testkit/wait), so a loaded machine makes them slower, not red.
+# Two lanes run beside each other: the fault matrix
+# (internal/testkit/faultmatrix, the longest package, mostly waiting) and
+# the other packages. The tests named TestOutage*, which stop the RabbitMQ
+# server, then run one package at a time against a second RabbitMQ node
+# (services.sh) that no other test uses, in whichever lane finishes first
+# (run as a third lane from the start, they made the whole run slower: a
+# RabbitMQ node that restarts on a saturated machine restarts slowly). A
+# test that stops a server of its own (Kafka's kfake, the SNS tests' front)
+# is not named so and runs with the others. go vet and govulncheck run
+# beside them at the lowest CPU priority. The waits of the tests judge
+# progress, not a deadline (internal/testkit/wait), so a loaded machine
+# makes them slower, not red.
 #
 # go test starts packages in the order it is given them, two at a time: the
 # longest come first (the durations of a clean run's test.json; testreport
@@ -139,23 +142,27 @@ lanes=${TXOUTBOX_TEST_P:-3}
 parallel=${TXOUTBOX_TEST_PARALLEL:-4}
 matrix_parallel=${TXOUTBOX_MATRIX_PARALLEL:-3}
 outage=$(git grep -l '^func TestOutage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
+rm -rf .services/outage.claim
+outage_tests() {
+	# mkdir is atomic: the first lane to finish claims the outage tests.
+	mkdir .services/outage.claim 2>/dev/null || return 0
+	# shellcheck disable=SC2086
+	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
+		"${gotest[@]}" -timeout "$timeout" -p 1 "${cpuexec[@]}" -json -run '^TestOutage' $outage >.services/test-outage.json 2>&1 || true
+	stage "outage tests done"
+}
 (
 	"${gotest[@]}" -timeout "$timeout" -p "$lanes" -parallel "$parallel" "${cpuexec[@]}" -json -skip '^TestOutage' "${pkgs[@]}" >.services/test.json 2>&1 || true
 	stage "other tests done"
+	outage_tests
 ) &
 main=$!
 (
 	"${gotest[@]}" -timeout "$timeout" -parallel "$matrix_parallel" "${cpuexec[@]}" -json -skip '^TestOutage' ./internal/testkit/faultmatrix >.services/test-faults.json 2>&1 || true
 	stage "fault matrix done"
+	outage_tests
 ) &
 faults=$!
-(
-	# shellcheck disable=SC2086
-	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
-		"${gotest[@]}" -timeout "$timeout" -p 1 "${cpuexec[@]}" -json -run '^TestOutage' $outage >.services/test-outage.json 2>&1 || true
-	stage "outage tests done"
-) &
-outages=$!
 # govulncheck's call graph costs a minute or two of CPU the tests need;
 # make test checks imports (stricter: a vulnerable package imported from a
 # module fails, called or not), make test-long what is called.
@@ -171,7 +178,6 @@ nice -n 19 bash -c "$(declare -f cputime); cputime vet go vet -race ./..." >.ser
 vet=$!
 wait "$main" || true
 wait "$faults" || true
-wait "$outages" || true
 # testing/sqlfixture drops the tests' PostgreSQL databases in batches a few
 # seconds after their tests end (each DROP DATABASE waits for a checkpoint,
 # which drops that wait together share); a test binary that exits first

@@ -121,6 +121,10 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 		return time.Since(time.Unix(0, last)) >= onceQuiet, last
 	})
 
+	// Deliveries have stopped, which is what the delivery context's stall
+	// clock measures: the reads below take the test's own context, however
+	// long a loaded machine makes them take.
+	ctx = t.Context()
 	effects, err := in.Effects(ctx)
 	if err != nil {
 		t.Fatalf("Effects: %v", err)
