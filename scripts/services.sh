@@ -37,11 +37,15 @@ case "${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}" in
 	;;
 esac
 RABBIT_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}@localhost
-# A second RabbitMQ node for the tests that stop the broker (TestOutage*):
-# make test runs them beside the others, which keep the first node.
+# Two more RabbitMQ nodes for the tests that stop the broker (TestOutage*):
+# make test runs them at the end, two packages at once, each on a node of
+# its own, while the other tests keep the first node.
 OUTAGE_AMQP_PORT=${TXOUTBOX_OUTAGE_AMQP_PORT:-24682}
 OUTAGE_AMQP_DIST_PORT=${TXOUTBOX_OUTAGE_AMQP_DIST_PORT:-24683}
 OUTAGE_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}-outage@localhost
+OUTAGE2_AMQP_PORT=${TXOUTBOX_OUTAGE2_AMQP_PORT:-24692}
+OUTAGE2_AMQP_DIST_PORT=${TXOUTBOX_OUTAGE2_AMQP_DIST_PORT:-24693}
+OUTAGE2_NODE=${TXOUTBOX_RABBITMQ_NODENAME:-txoutbox}-outage2@localhost
 PGBIN=/usr/lib/postgresql/15/bin
 # The cluster lives outside the checkout: the postgres user must reach it,
 # and a checkout under /root is closed to that user.
@@ -487,6 +491,9 @@ export TXOUTBOX_RABBITMQ_ENV='$(rabbit_env "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DI
 export TXOUTBOX_OUTAGE_AMQP_URL='amqp://guest:guest@127.0.0.1:$OUTAGE_AMQP_PORT/'
 export TXOUTBOX_OUTAGE_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $OUTAGE_NODE'
 export TXOUTBOX_OUTAGE_RABBITMQ_ENV='$(rabbit_env "$OUTAGE_NODE" "$OUTAGE_AMQP_PORT" "$OUTAGE_AMQP_DIST_PORT" "$SVC/rabbitmq-outage")'
+export TXOUTBOX_OUTAGE2_AMQP_URL='amqp://guest:guest@127.0.0.1:$OUTAGE2_AMQP_PORT/'
+export TXOUTBOX_OUTAGE2_RABBITMQCTL='/usr/lib/rabbitmq/bin/rabbitmqctl -n $OUTAGE2_NODE'
+export TXOUTBOX_OUTAGE2_RABBITMQ_ENV='$(rabbit_env "$OUTAGE2_NODE" "$OUTAGE2_AMQP_PORT" "$OUTAGE2_AMQP_DIST_PORT" "$SVC/rabbitmq-outage2")'
 ENV
 	log "environment in $SVC/env"
 }
@@ -497,6 +504,7 @@ stop_all() {
 	fi
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBIT_NODE" stop >&2 2>/dev/null || true
 	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$OUTAGE_NODE" stop >&2 2>/dev/null || true
+	/usr/lib/rabbitmq/bin/rabbitmqctl -n "$OUTAGE2_NODE" stop >&2 2>/dev/null || true
 	stop_goaws
 	stop_s3
 	stop_nats
@@ -514,6 +522,7 @@ start)
 	start_mariadb
 	start_rabbitmq "$RABBIT_NODE" "$AMQP_PORT" "$AMQP_DIST_PORT" "$SVC/rabbitmq" AMQP
 	start_rabbitmq "$OUTAGE_NODE" "$OUTAGE_AMQP_PORT" "$OUTAGE_AMQP_DIST_PORT" "$SVC/rabbitmq-outage" OUTAGE_AMQP
+	start_rabbitmq "$OUTAGE2_NODE" "$OUTAGE2_AMQP_PORT" "$OUTAGE2_AMQP_DIST_PORT" "$SVC/rabbitmq-outage2" OUTAGE2_AMQP
 	start_goaws
 	start_s3
 	start_nats

@@ -56,7 +56,10 @@ retry go mod download
 # server wrote, so no outcome changes; a busy run's commits stop queueing
 # for the disk. make bench keeps them durable (services.sh).
 export TXOUTBOX_FSYNC=${TXOUTBOX_FSYNC:-off}
-bash -c "$(declare -f cputime); cputime build go list -race -export -test -deps ./..." >/dev/null 2>.services/build.log &
+# The compiler and go vet collect garbage less often (GOGC=400): 8 % less
+# CPU for the module's compilation, measured on a cold cache, for some
+# hundred MB more per process. The tests keep the default.
+GOGC=400 bash -c "$(declare -f cputime); cputime build go list -race -export -test -deps ./..." >/dev/null 2>.services/build.log &
 build=$!
 if [ -n "${TXOUTBOX_SERVICES_ENV:-}" ]; then
 	# Services already running elsewhere (another checkout's): reuse them.
@@ -142,13 +145,28 @@ lanes=${TXOUTBOX_TEST_P:-3}
 parallel=${TXOUTBOX_TEST_PARALLEL:-4}
 matrix_parallel=${TXOUTBOX_MATRIX_PARALLEL:-3}
 outage=$(git grep -l '^func TestOutage' -- '*_test.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
+# The outage tests run as two chains at once, each against a RabbitMQ node
+# of its own: ordered's chaos tests (the longest) on one, the others one
+# package at a time on the other.
+outage_a=$(grep -vx './ordered' <<<"$outage" || true)
+outage_b=$(grep -x './ordered' <<<"$outage" || true)
 rm -rf .services/outage.claim
+outage_chain() { # outage_chain NODE_PREFIX OUTPUT PACKAGES...
+	local node=$1 out=$2
+	shift 2
+	[ $# -gt 0 ] || return 0
+	local url=TXOUTBOX_${node}_AMQP_URL ctl=TXOUTBOX_${node}_RABBITMQCTL env=TXOUTBOX_${node}_RABBITMQ_ENV
+	TXOUTBOX_AMQP_URL=${!url} TXOUTBOX_RABBITMQCTL=${!ctl} TXOUTBOX_RABBITMQ_ENV=${!env} \
+		"${gotest[@]}" -timeout "$timeout" -p 1 "${cpuexec[@]}" -json -run '^TestOutage' "$@" >"$out" 2>&1 || true
+}
 outage_tests() {
 	# mkdir is atomic: the first lane to finish claims the outage tests.
 	mkdir .services/outage.claim 2>/dev/null || return 0
 	# shellcheck disable=SC2086
-	TXOUTBOX_AMQP_URL=$TXOUTBOX_OUTAGE_AMQP_URL TXOUTBOX_RABBITMQCTL=$TXOUTBOX_OUTAGE_RABBITMQCTL TXOUTBOX_RABBITMQ_ENV=$TXOUTBOX_OUTAGE_RABBITMQ_ENV \
-		"${gotest[@]}" -timeout "$timeout" -p 1 "${cpuexec[@]}" -json -run '^TestOutage' $outage >.services/test-outage.json 2>&1 || true
+	outage_chain OUTAGE .services/test-outage.json $outage_a &
+	# shellcheck disable=SC2086
+	outage_chain OUTAGE2 .services/test-outage2.json $outage_b
+	wait
 	stage "outage tests done"
 }
 (
@@ -174,7 +192,7 @@ nice -n 19 bash -c "$(declare -f cputime); cputime vulncheck scripts/vulncheck.s
 vuln=$!
 # go vet analyses the module (and, for its facts, every dependency) at the
 # lowest priority too: it needs CPU the tests leave idle, not their time.
-nice -n 19 bash -c "$(declare -f cputime); cputime vet go vet -race ./..." >.services/vet.log 2>&1 &
+GOGC=400 nice -n 19 bash -c "$(declare -f cputime); cputime vet go vet -race ./..." >.services/vet.log 2>&1 &
 vet=$!
 wait "$main" || true
 wait "$faults" || true
@@ -189,10 +207,11 @@ wait "$faults" || true
 ) &
 leftovers=$!
 failed=0
-for r in .services/test.json .services/test-faults.json .services/test-outage.json; do
+touch .services/test-outage.json .services/test-outage2.json
+for r in .services/test.json .services/test-faults.json .services/test-outage.json .services/test-outage2.json; do
 	.services/bin/testreport -top 0 <"$r" || failed=1
 done
-cat .services/test.json .services/test-faults.json .services/test-outage.json | .services/bin/testreport -top 10 | sed -n "/^The [0-9]* slowest tests/,\$p" || true
+cat .services/test.json .services/test-faults.json .services/test-outage.json .services/test-outage2.json | .services/bin/testreport -top 10 | sed -n "/^The [0-9]* slowest tests/,\$p" || true
 .services/bin/cpuexec -report 10 <.services/cpu.log || true
 # The servers' CPU (their own and that of the children they reaped:
 # PostgreSQL's backends), which the tests' figures above leave out.
