@@ -150,7 +150,7 @@ outage=$(git grep -l '^func TestOutage' -- '*_test.go' | xargs -n1 dirname | sor
 # package at a time on the other.
 outage_a=$(grep -vx './ordered' <<<"$outage" || true)
 outage_b=$(grep -x './ordered' <<<"$outage" || true)
-rm -rf .services/outage.claim
+rm -rf .services/outage.claim .services/test-outage.json .services/test-outage2.json
 outage_chain() { # outage_chain NODE_PREFIX OUTPUT PACKAGES...
 	local node=$1 out=$2
 	shift 2
