@@ -113,7 +113,7 @@ func RunExactlyOnce(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc
 	if missing := awaitEffects(t, ctx, in, committed, b.deliveryTimeout(t)); missing > 0 {
 		t.Fatalf("%d of %d committed events never took effect (faults %+v)", missing, len(committed), faulty.Counts())
 	}
-	waitPublished(t, ctx, f, committed)
+	waitPublished(t, f, committed)
 	// ...and the duplicates and redeliveries still in flight have landed.
 	// A relay that never stops sending is caught at wait.Cap.
 	wait.For(t, "deliveries to stop", func() (bool, any) {
