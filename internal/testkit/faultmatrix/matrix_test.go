@@ -724,6 +724,18 @@ var (
 	faultConsumer = &program{pkg: "github.com/txoutbox/txoutbox/internal/testkit/faultmatrix/internal/faultconsumer"}
 )
 
+// TestMain removes the programs the tests built: each run builds them into
+// a directory of its own (60 MB), which nothing else would remove.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	for _, p := range []*program{cli, faultConsumer} {
+		if p.path != "" {
+			os.RemoveAll(filepath.Dir(p.path))
+		}
+	}
+	os.Exit(code)
+}
+
 // build builds the program on its first call and returns its path.
 func (p *program) build(t *testing.T) string {
 	p.once.Do(func() {
