@@ -2,11 +2,14 @@ package testenv
 
 import (
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/txoutbox/txoutbox/testing/sqlfixture"
@@ -65,14 +68,54 @@ func StartCluster(t testing.TB) *Cluster {
 }
 
 // freePort returns a loopback TCP port that nothing listens on now, for a
-// throwaway server of a test.
+// server a test starts, and may stop and start again on the same port. It
+// is taken below the kernel's ephemeral range, from which every outgoing
+// connection of the run takes its local port: a port of that range could
+// be taken by one of them before the server binds it (a cluster failed to
+// start so in a make test run) or between a crash and the restart. It
+// also stays clear of services.sh's ports (24xxx), which the outage tests
+// free while their broker is down, and of the ports this process handed
+// out before.
 func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	hi := ephemeralLow()
+	lo := hi - 6000
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 1000 {
+		port := lo + mathrand.IntN(hi-lo)
+		if portsGiven[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		portsGiven[port] = true
+		return port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no free port in [%d, %d)", lo, hi)
+	return 0
+}
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768 by
+// default on Linux), from /proc when it can be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 26000 {
+				return n
+			}
+		}
+	}
+	return 32768
 }
 
 func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }
@@ -89,7 +132,12 @@ func (c *Cluster) NewDatabase(t testing.TB) string {
 
 // Start starts the cluster and waits until it takes connections.
 func (c *Cluster) Start(t testing.TB) {
-	c.mustPG(t, "pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "start")
+	t.Helper()
+	log := filepath.Join(c.dir, "log")
+	if err := c.pg("pg_ctl", "-D", c.data(), "-l", log, "-w", "-t", "60", "start"); err != nil {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("%v\nthe server's log (%s):\n%s", err, c.addr, b)
+	}
 }
 
 // Crash stops the cluster at once (pg_ctl stop -m immediate).
