@@ -53,7 +53,17 @@ func newCluster(t testing.TB, extra ...kfake.Opt) *cluster {
 		// Consumer groups in tests join quickly.
 		kfake.GroupMinSessionTimeout(time.Second),
 	}, extra...)
-	c, err := kfake.NewCluster(opts...)
+	// Ports below the ephemeral range (testenv.FreePort): a test that
+	// stops the cluster starts it again on the same ports, which an
+	// outgoing connection could take meanwhile.
+	var c *kfake.Cluster
+	var err error
+	for range 3 { // a port free when picked may be bound before kfake binds it
+		ports := []int{testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)}
+		if c, err = kfake.NewCluster(append(opts, kfake.Ports(ports...))...); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
 	}
@@ -78,15 +88,14 @@ func (cl *cluster) start(t testing.TB) {
 		ports = append(ports, n)
 	}
 	var err error
-	for i := 0; i < 50; i++ { // the old listeners may take a moment to let go
+	wait.For(t, "kfake to start again on "+strings.Join(cl.addrs, ","), func() (bool, any) {
 		var c *kfake.Cluster
 		if c, err = kfake.NewCluster(append(cl.opts, kfake.Ports(ports...))...); err == nil {
 			cl.c = c
-			return
+			return true, nil
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("restart kfake on %v: %v", cl.addrs, err)
+		return false, err.Error()
+	})
 }
 
 func newPublisher(t testing.TB, brokers []string, opts kafkabroker.Options) *kafkabroker.Publisher {

@@ -287,11 +287,14 @@ func (c *cell) sns(t *testing.T) *outboxtest.BrokerFixture {
 func (c *cell) kafka(t *testing.T) *outboxtest.BrokerFixture {
 	// own is the cluster's own address: a restarted cluster listens there
 	// again, behind the same proxy.
+	// Below the ephemeral range (testenv.FreePort): a restarted cluster
+	// binds the same port again, which a connection could take meanwhile.
 	var own string
+	first := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	listen := func(network, address string) (net.Listener, error) {
 		addr := own
 		if addr == "" {
-			addr = "127.0.0.1:0"
+			addr = first
 		}
 		l, err := net.Listen(network, addr)
 		if err != nil {
@@ -567,12 +570,8 @@ func (c *cell) releaseProducers(t *testing.T) {
 // and broker; the test's end stops it.
 func (c *cell) startRelay(t *testing.T) {
 	if c.httpAddr == "" {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.httpAddr = l.Addr().String()
-		l.Close()
+		// A relay started again after a kill binds the same address.
+		c.httpAddr = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	}
 	// A race-built relay polling every 50 ms used 0.45 s of CPU per idle
 	// 10 s, at 200 ms 0.13 s (1 s: 0.05 s), and the database answers each

@@ -40,7 +40,7 @@ func StartCluster(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
+	port := FreePort(t)
 	c := &Cluster{dir: dir, addr: fmt.Sprintf("127.0.0.1:%d", port)}
 	if os.Geteuid() == 0 {
 		if out, err := exec.Command("chown", "postgres:", dir).CombinedOutput(); err != nil {
@@ -67,7 +67,7 @@ func StartCluster(t testing.TB) *Cluster {
 	return c
 }
 
-// freePort returns a loopback TCP port that nothing listens on now, for a
+// FreePort returns a loopback TCP port that nothing listens on now, for a
 // server a test starts, and may stop and start again on the same port. It
 // is taken below the kernel's ephemeral range, from which every outgoing
 // connection of the run takes its local port: a port of that range could
@@ -76,7 +76,7 @@ func StartCluster(t testing.TB) *Cluster {
 // also stays clear of services.sh's ports (24xxx), which the outage tests
 // free while their broker is down, and of the ports this process handed
 // out before.
-func freePort(t testing.TB) int {
+func FreePort(t testing.TB) int {
 	t.Helper()
 	hi := ephemeralLow()
 	lo := hi - 6000

@@ -37,7 +37,7 @@ func StartMariaDB(t testing.TB) *MariaDB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &MariaDB{dir: dir, port: freePort(t)}
+	m := &MariaDB{dir: dir, port: FreePort(t)}
 	t.Cleanup(func() {
 		m.kill()
 		os.RemoveAll(dir)

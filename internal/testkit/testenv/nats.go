@@ -39,7 +39,7 @@ func StartNATS(t testing.TB) *NATS {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &NATS{dir: dir, port: freePort(t)}
+	n := &NATS{dir: dir, port: FreePort(t)}
 	t.Cleanup(func() {
 		n.signal(syscall.SIGKILL)
 		os.RemoveAll(dir)

@@ -80,7 +80,7 @@ func StartPgBouncer(t testing.TB, pgHostPort string) *PgBouncer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &PgBouncer{dir: dir, port: gate.Addr().(*net.TCPAddr).Port, inner: freePort(t)}
+	b := &PgBouncer{dir: dir, port: gate.Addr().(*net.TCPAddr).Port, inner: FreePort(t)}
 	go cancelgate.Serve(gate, fmt.Sprintf("127.0.0.1:%d", b.inner), log.New(gateLog, "", log.LstdFlags))
 	t.Cleanup(func() {
 		gate.Close()

@@ -10,7 +10,7 @@ func TestFreePortBelowTheEphemeralRange(t *testing.T) {
 	low := ephemeralLow()
 	seen := map[int]bool{}
 	for range 200 {
-		p := freePort(t)
+		p := FreePort(t)
 		if p >= low || p < 20000 {
 			t.Fatalf("port %d: want one in [20000, %d)", p, low)
 		}
