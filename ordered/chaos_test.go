@@ -554,7 +554,7 @@ func buildChaosRelay(t *testing.T) string {
 	}
 	// With -race, as the test binaries: the build shares make test's
 	// compiled packages, and the relays' races are found too.
-	cmd := exec.Command(goTool, "build", "-race", "-o", bin, "github.com/txoutbox/txoutbox/internal/testkit/chaosrelay")
+	cmd := exec.Command(goTool, "build", "-race", "-ldflags=-s -w", "-o", bin, "github.com/txoutbox/txoutbox/internal/testkit/chaosrelay")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the relay program: %v\n%s", err, out)
 	}

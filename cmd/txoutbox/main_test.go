@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "txoutbox")
-	build := exec.Command("go", "build", "-race", "-o", binary, ".")
+	build := exec.Command("go", "build", "-race", "-ldflags=-s -w", "-o", binary, ".")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build txoutbox:", err)

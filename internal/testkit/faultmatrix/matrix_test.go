@@ -744,7 +744,7 @@ func (p *program) build(t *testing.T) string {
 			return
 		}
 		p.path = filepath.Join(dir, filepath.Base(p.pkg))
-		if out, err := exec.Command("go", "build", "-race", "-o", p.path, p.pkg).CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-race", "-ldflags=-s -w", "-o", p.path, p.pkg).CombinedOutput(); err != nil {
 			p.err = fmt.Errorf("go build %s: %v\n%s", p.pkg, err, out)
 		}
 	})
