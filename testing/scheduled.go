@@ -42,16 +42,21 @@ func RunScheduled(t *testing.T, newStore NewStoreFunc) {
 			t.Fatalf("the unscheduled event was not published: the relay, which polls hourly, was not woken")
 		}
 		stop()
-		if n := len(rec.times(soon.ID)); n != 0 {
-			t.Fatalf("the event scheduled %v ahead was published %d times at once", delay, n)
+		if at := rec.times(soon.ID); len(at) != 0 {
+			if at[0].Before(soon.NotBefore) {
+				t.Fatalf("the event scheduled %v ahead was published %v early", delay, soon.NotBefore.Sub(at[0]))
+			}
+			// On a machine so slow that the first relay ran past the
+			// event's time, the restart has nothing left to judge.
+			t.Logf("the first relay ran past the event's time and published it then; the restart judges nothing")
+		} else {
+			stop = runUntilStopped(t, f, rec, opts)
+			defer stop()
+			if !rec.waitFor(ctx, soon.ID, delay) {
+				t.Fatalf("the event scheduled %v ahead was not published by a relay that polls once an hour: the store never said when it falls due", delay)
+			}
+			stop()
 		}
-
-		stop = runUntilStopped(t, f, rec, opts)
-		defer stop()
-		if !rec.waitFor(ctx, soon.ID, delay) {
-			t.Fatalf("the event scheduled %v ahead was not published by a relay that polls once an hour: the store never said when it falls due", delay)
-		}
-		stop()
 		at := rec.times(soon.ID)
 		if len(at) != 1 || at[0].Before(soon.NotBefore) {
 			t.Errorf("scheduled event published at %v, want once, not before %v", at, soon.NotBefore)

@@ -417,10 +417,24 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		past.NotBefore = time.Now().Add(-time.Hour)
 		tomorrow.NotBefore = time.Now().Add(24 * time.Hour)
 		mustEnqueue(t, f, evs, true)
+		// The checks up to the relay's run need soon not yet due. On a
+		// machine so slow that it fell due first, they judge nothing: the
+		// test says so and stops (never early is judged below, and in
+		// RunScheduled, whenever soon is published).
+		beforeDue := func(what string) bool {
+			if time.Now().Before(soon.NotBefore) {
+				return true
+			}
+			t.Logf("the event scheduled %v ahead fell due before %s ended: nothing more to judge here", delay, what)
+			return false
+		}
 
 		st, err := statsReader(t, f).Stats(ctx)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !beforeDue("the stats") {
+			return
 		}
 		// The past NotBefore means now: it does not date the event's lag
 		// an hour back.
@@ -437,6 +451,9 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		for _, ev := range c.Events() {
 			got = append(got, ev.ID)
 		}
+		if !beforeDue("the claim") {
+			return
+		}
 		if len(got) != 2 || !slices.Contains(got, now.ID) || !slices.Contains(got, past.ID) {
 			t.Fatalf("claimed %v, want only the unscheduled %s and the one scheduled in the past %s", got, now.ID, past.ID)
 		}
@@ -447,7 +464,9 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st, lagging, err := m.Check(ctx); err != nil || lagging || st.Pending != 0 || st.Scheduled != 2 {
+		if st, lagging, err := m.Check(ctx); !beforeDue("the monitor's check") {
+			return
+		} else if err != nil || lagging || st.Pending != 0 || st.Scheduled != 2 {
 			t.Errorf("scheduled backlog: %+v lagging=%v err=%v, want 0 pending, 2 scheduled, no lag", st, lagging, err)
 		}
 
