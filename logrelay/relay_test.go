@@ -873,8 +873,8 @@ func TestHeldPublisherKeepsTheStream(t *testing.T) {
 	enqueue(t, l, evs[:1], 1)
 	select {
 	case <-pub.entered:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the relay published nothing in 30s")
+	case <-time.After(wait.Stall):
+		t.Fatalf("the relay published nothing in %v", wait.Stall)
 	}
 	// More transactions than the stream buffers, one event each.
 	enqueue(t, l, evs[1:], 1)

@@ -59,8 +59,8 @@ func (w *wakes) wait(t *testing.T, what string) {
 	t.Helper()
 	select {
 	case <-w.ch:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no wake-up: %s", what)
+	case <-time.After(wait.Stall):
+		t.Fatalf("no wake-up in %v: %s", wait.Stall, what)
 	}
 }
 
@@ -447,7 +447,7 @@ func relayWokenAcrossConnections(t *testing.T, n *pgnotify.Notifier, newListener
 			if got.ID != evs[0].ID {
 				t.Fatalf("published %s, want %s", got.ID, evs[0].ID)
 			}
-		case <-time.After(30 * time.Second):
+		case <-time.After(wait.Stall):
 			t.Fatalf("event %d not published: no wake-up reached the relay (notifier %+v, listener %+v)", i, n.Stats(), l.Stats())
 		}
 	}

@@ -203,8 +203,8 @@ func onceRunRouter(t *testing.T, r *message.Router) {
 			if err != nil {
 				t.Errorf("router: %v", err)
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("router did not stop")
+		case <-time.After(wait.Stall):
+			t.Errorf("router did not stop in %v", wait.Stall)
 		}
 	})
 	select {

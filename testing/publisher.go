@@ -63,8 +63,8 @@ func Collect(t *testing.T, sub message.Subscriber, topic string) *Collection {
 		cancel()
 		select {
 		case <-c.done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("subscription to %q did not close within 10s of its context's end: the subscriber ignores context cancellation", topic)
+		case <-time.After(wait.Stall):
+			t.Errorf("subscription to %q did not close within %v of its context's end: the subscriber ignores context cancellation", topic, wait.Stall)
 		}
 	})
 	return c

@@ -681,8 +681,8 @@ func (c *cell) restartConsumer(t *testing.T) {
 	case <-done:
 		_ = cmd.Wait()
 		t.Fatalf("the consumer process exited before it subscribed:\n%s", stderr)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the consumer process did not subscribe in 30s:\n%s", stderr)
+	case <-time.After(wait.Stall):
+		t.Fatalf("the consumer process did not subscribe in %v:\n%s", wait.Stall, stderr)
 	}
 }
 
