@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -17,6 +16,7 @@ import (
 	memoutbox "github.com/txoutbox/txoutbox/adapters/memory"
 	watermillbroker "github.com/txoutbox/txoutbox/brokers/watermill"
 	"github.com/txoutbox/txoutbox/core"
+	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -102,14 +102,30 @@ func TestKitCatchesBrokenAdapters(t *testing.T) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
+	// Every child at once, whatever -parallel says: they spend their time
+	// waiting out their delivery timeout, not on the CPU.
+	type result struct {
+		out []byte
+		err error
+	}
+	results := make(map[string]chan result, len(names))
 	for _, name := range names {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		ch := make(chan result, 1)
+		results[name] = ch
+		go func() {
+			// A liveness limit only: the child fails on its own stall limits.
+			ctx, cancel := context.WithTimeout(t.Context(), wait.Cap)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestKitCatchesBrokenAdapters$", "-test.v")
 			cmd.Env = append(os.Environ(), brokenEnv+"="+name, "TXOUTBOX_TEST_DELIVERY_TIMEOUT=3s")
 			out, err := cmd.CombinedOutput()
+			ch <- result{out, err}
+		}()
+	}
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			r := <-results[name]
+			out, err := r.out, r.err
 			if err == nil {
 				t.Fatalf("the suite passed a broken adapter (%s):\n%s", name, out)
 			}

@@ -202,8 +202,9 @@ func RunFault(t *testing.T, newStore NewStoreFunc, newBroker NewBrokerFunc, newI
 				n++
 			}
 			// Longer than the fault: a producer may wait for it (an
-			// exhausted pool) rather than fail.
-			ctx, cancel := context.WithTimeout(context.Background(), fault.Duration+5*time.Second)
+			// exhausted pool) rather than fail, and then for a busy
+			// machine: the stall limit after it.
+			ctx, cancel := context.WithTimeout(context.Background(), fault.Duration+wait.Stall)
 			err := f.Enqueue(ctx, evs, true)
 			cancel()
 			mu.Lock()
