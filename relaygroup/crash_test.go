@@ -14,6 +14,7 @@ import (
 	"github.com/txoutbox/txoutbox/core"
 	"github.com/txoutbox/txoutbox/dialect"
 	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/tier"
 	"github.com/txoutbox/txoutbox/internal/testkit/wait"
 	"github.com/txoutbox/txoutbox/relaygroup"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
@@ -24,6 +25,7 @@ import (
 // the group publish on throughout, and no committed event of any outbox is
 // lost.
 func TestOneDatabaseCrashedNoneLost(t *testing.T) {
+	tier.SkipShort(t)
 	t.Parallel()
 	const n = 10
 	cluster := testenv.StartCluster(t)
