@@ -117,7 +117,11 @@ func TestKitCatchesBrokenAdapters(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), wait.Cap)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestKitCatchesBrokenAdapters$", "-test.v")
-			cmd.Env = append(os.Environ(), brokenEnv+"="+name, "TXOUTBOX_TEST_DELIVERY_TIMEOUT=3s")
+			cmd.Env = append(os.Environ(), brokenEnv+"="+name, "TXOUTBOX_TEST_DELIVERY_TIMEOUT=3s",
+				// The child's waits end sooner than a minute: it is
+				// meant to fail, and its own waits see progress in
+				// milliseconds when nothing is broken.
+				"TXOUTBOX_WAIT_STALL=15s")
 			out, err := cmd.CombinedOutput()
 			ch <- result{out, err}
 		}()

@@ -6,6 +6,7 @@ import (
 	amqpbroker "github.com/txoutbox/txoutbox/brokers/amqp"
 	"github.com/txoutbox/txoutbox/internal/testkit/fixtures"
 	"github.com/txoutbox/txoutbox/internal/testkit/testenv"
+	"github.com/txoutbox/txoutbox/internal/testkit/tier"
 	outboxtest "github.com/txoutbox/txoutbox/testing"
 )
 
@@ -45,5 +46,6 @@ func TestEndToEndMariaDB(t *testing.T) {
 // Events enqueued while RabbitMQ is down stay in the PostgreSQL outbox with
 // growing attempts and last_error, and all arrive once it is back.
 func TestOutageEndToEndPostgres(t *testing.T) {
+	tier.SkipShort(t) // it stops the RabbitMQ that the edit loop\'s other packages share
 	outboxtest.RunOutage(t, newStore, newBroker)
 }
