@@ -464,9 +464,11 @@ func RunStore(t *testing.T, newStore NewStoreFunc) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st, lagging, err := m.Check(ctx); !beforeDue("the monitor's check") {
+		st, lagging, err := m.Check(ctx)
+		if !beforeDue("the monitor's check") {
 			return
-		} else if err != nil || lagging || st.Pending != 0 || st.Scheduled != 2 {
+		}
+		if err != nil || lagging || st.Pending != 0 || st.Scheduled != 2 {
 			t.Errorf("scheduled backlog: %+v lagging=%v err=%v, want 0 pending, 2 scheduled, no lag", st, lagging, err)
 		}
 

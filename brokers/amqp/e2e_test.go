@@ -46,6 +46,6 @@ func TestEndToEndMariaDB(t *testing.T) {
 // Events enqueued while RabbitMQ is down stay in the PostgreSQL outbox with
 // growing attempts and last_error, and all arrive once it is back.
 func TestOutageEndToEndPostgres(t *testing.T) {
-	tier.SkipShort(t) // it stops the RabbitMQ that the edit loop\'s other packages share
+	tier.SkipShort(t) // it stops the RabbitMQ that the edit loop's other packages share
 	outboxtest.RunOutage(t, newStore, newBroker)
 }

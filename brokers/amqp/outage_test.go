@@ -44,7 +44,7 @@ func rabbitDown(t *testing.T) (up func()) {
 // down every publish fails (nothing is reported as published), and after it
 // is back both reconnect and every event arrives.
 func TestOutagePublisherReconnects(t *testing.T) {
-	tier.SkipShort(t) // it stops the RabbitMQ that the edit loop\'s other packages share
+	tier.SkipShort(t) // it stops the RabbitMQ that the edit loop's other packages share
 	et := "order.outage." + testenv.RandomSuffix()
 	consumer := "outage-" + testenv.RandomSuffix()
 	p := newPublisher(t, amqpbroker.Options{Consumers: []string{consumer}, Reconnect: fastReconnect})

@@ -43,7 +43,7 @@ func rabbitBlocked(t *testing.T) (unblock func()) {
 // instead of the relay waiting for confirms that never come; once the
 // broker answers again, every event arrives.
 func TestOutageBlockedBrokerTimesOutPublish(t *testing.T) {
-	tier.SkipShort(t) // it stops the RabbitMQ that the edit loop\'s other packages share
+	tier.SkipShort(t) // it stops the RabbitMQ that the edit loop's other packages share
 	et := "order.blocked." + testenv.RandomSuffix()
 	f := newStore(t)
 	pub := newPublisher(t, amqpbroker.Options{Reconnect: fastReconnect})

@@ -87,14 +87,13 @@ func (cl *cluster) start(t testing.TB) {
 		n, _ := strconv.Atoi(p)
 		ports = append(ports, n)
 	}
-	var err error
 	wait.For(t, "kfake to start again on "+strings.Join(cl.addrs, ","), func() (bool, any) {
-		var c *kfake.Cluster
-		if c, err = kfake.NewCluster(append(cl.opts, kfake.Ports(ports...))...); err == nil {
-			cl.c = c
-			return true, nil
+		c, err := kfake.NewCluster(append(cl.opts, kfake.Ports(ports...))...)
+		if err != nil {
+			return false, err.Error()
 		}
-		return false, err.Error()
+		cl.c = c
+		return true, nil
 	})
 }
 

@@ -286,9 +286,8 @@ func (c *cell) sns(t *testing.T) *outboxtest.BrokerFixture {
 // relay's producer and the consumer, goes through it.
 func (c *cell) kafka(t *testing.T) *outboxtest.BrokerFixture {
 	// own is the cluster's own address: a restarted cluster listens there
-	// again, behind the same proxy.
-	// Below the ephemeral range (testenv.FreePort): a restarted cluster
-	// binds the same port again, which a connection could take meanwhile.
+	// again, behind the same proxy. Its port is below the ephemeral range
+	// (testenv.FreePort), where no connection can take it meanwhile.
 	var own string
 	first := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	listen := func(network, address string) (net.Listener, error) {
